@@ -1,0 +1,107 @@
+"""Contrastive losses over (query, positive[, hard negatives]) embeddings.
+
+Both losses score the *local* queries of this process against the documents (and, for ``gte``, the queries)
+of the whole global batch. With ``gather_across_devices`` on under DDP the embeddings of every rank are
+collected with an autograd-aware all_gather, whose backward sums the gradients that every rank's loss sends
+to an embedding. DDP then averages parameter gradients over N ranks, which makes N ranks x batch B train
+exactly like one process with batch N*B (the loss of each rank is a mean over its B local queries).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor
+    scores: torch.Tensor  # (B_local, num_candidates) query-document cosine/dot scores, before temperature
+    labels: torch.Tensor  # (B_local,) column of each query's positive in ``scores``
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def gather_with_grad(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """All ranks' ``x`` concatenated along dim 0 (gradients flow back to their owners) and this rank's offset."""
+    if not _distributed():
+        return x, 0
+    from torch.distributed.nn.functional import all_gather
+
+    parts = all_gather(x.contiguous())
+    return torch.cat(parts, dim=0), dist.get_rank() * x.shape[0]
+
+
+class ContrastiveLoss(nn.Module):
+    """Shared plumbing: gathering across devices and candidate layout [positives; negatives]."""
+
+    def __init__(self, temperature: float = 0.05, gather_across_devices: bool = True) -> None:
+        super().__init__()
+        if temperature <= 0:
+            raise ValueError(f"loss.temperature must be > 0, got {temperature}")
+        self.temperature = float(temperature)
+        self.gather_across_devices = bool(gather_across_devices)
+
+    def _gather(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return gather_with_grad(x) if self.gather_across_devices else (x, 0)
+
+    def _candidates(self, positive: torch.Tensor, negatives: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+        """Global candidate documents: every rank's positives first, then every rank's hard negatives."""
+        positives_all, offset = self._gather(positive)
+        if negatives is None or negatives.numel() == 0:
+            return positives_all, offset
+        negatives_all, _ = self._gather(negatives.reshape(-1, negatives.shape[-1]))
+        return torch.cat([positives_all, negatives_all], dim=0), offset
+
+
+class InfoNCELoss(ContrastiveLoss):
+    """Cross-entropy of each query over [all positives + all hard negatives] of the (global) batch."""
+
+    def forward(
+        self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None = None
+    ) -> LossOutput:
+        candidates, offset = self._candidates(positive, negatives)
+        scores = query @ candidates.T
+        labels = torch.arange(query.shape[0], device=query.device) + offset
+        loss = F.cross_entropy(scores.float() / self.temperature, labels)
+        return LossOutput(loss, scores.detach(), labels)
+
+
+class GTELoss(ContrastiveLoss):
+    """The improved contrastive loss of the GTE paper (Li et al., 2023, eq. 3).
+
+    For pair i the partition function is one sum over query->doc s(q_i, d_j), query->query s(q_i, q_j) (j != i),
+    doc->query s(q_j, d_i) and doc->doc s(d_j, d_i) (j != i) similarities; the numerator is s(q_i, d_i).
+    Documents d_j range over all positives and hard negatives of the global batch.
+    """
+
+    def __init__(self, temperature: float = 0.01, gather_across_devices: bool = True) -> None:
+        super().__init__(temperature, gather_across_devices)
+
+    def forward(
+        self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None = None
+    ) -> LossOutput:
+        candidates, offset = self._candidates(positive, negatives)
+        queries_all, _ = self._gather(query)
+        rows = torch.arange(query.shape[0], device=query.device)
+        labels = rows + offset
+        query_doc = query @ candidates.T
+        query_query = query @ queries_all.T
+        doc_query = positive @ queries_all.T  # s(q_j, d_i) for the local positive d_i
+        doc_doc = positive @ candidates.T
+        # self-similarities are constant 1/temperature terms that would swamp the denominator: drop them
+        self_mask = torch.zeros_like(query_query, dtype=torch.bool)
+        self_mask[rows, labels] = True
+        query_query = query_query.masked_fill(self_mask, float("-inf"))
+        doc_doc_mask = torch.zeros_like(doc_doc, dtype=torch.bool)
+        doc_doc_mask[rows, labels] = True
+        doc_doc = doc_doc.masked_fill(doc_doc_mask, float("-inf"))
+        logits = torch.cat([query_doc, query_query, doc_query, doc_doc], dim=1).float() / self.temperature
+        loss = F.cross_entropy(logits, labels)
+        return LossOutput(loss, query_doc.detach(), labels)

@@ -1,0 +1,173 @@
+"""Text encoder: a Hugging Face transformer plus pooling and optional L2 normalisation.
+
+The pooling mode and normalisation are read from the model's sentence-transformers files
+(``1_Pooling/config.json`` and ``modules.json``) when they exist, so that a fine-tune keeps the
+geometry its checkpoint was trained with; an explicit config value overrides them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoModel, AutoTokenizer, BertConfig, PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+
+POOLING_MODES = ("mean", "cls", "last")
+_ST_POOLING_KEYS = {
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_lasttoken": "last",
+}
+_ST_POOLING_NAMES = {"mean": "mean", "cls": "cls", "lasttoken": "last"}
+
+
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """Reduce token states ``(B, T, H)`` to one vector per text, ignoring padding."""
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode == "mean":
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+    if mode == "last":
+        # works for right padding; with left padding the last position is always a real token
+        last = attention_mask.sum(1) - 1
+        if bool((attention_mask[:, -1] == 1).all()):
+            last = torch.full_like(last, attention_mask.shape[1] - 1)
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+    raise ValueError(f"unknown pooling mode {mode!r}; valid choices: {', '.join(POOLING_MODES)}")
+
+
+def _read_json(path: Path) -> dict | list | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _sentence_transformers_file(name_or_path: str, filename: str) -> Path | None:
+    """A file of the sentence-transformers layout, from a local folder or the hub cache (never raises)."""
+    local = Path(name_or_path) / filename
+    if local.exists():
+        return local
+    if Path(name_or_path).exists():
+        return None
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return Path(hf_hub_download(name_or_path, filename))
+    except Exception:  # offline, missing file, private repo: fall back to config values
+        return None
+
+
+def detect_pooling(name_or_path: str) -> tuple[str | None, bool | None]:
+    """(pooling mode, normalize) declared by the model's sentence-transformers files, or None each."""
+    pooling = None
+    pooling_file = _sentence_transformers_file(name_or_path, "1_Pooling/config.json")
+    settings = _read_json(pooling_file) if pooling_file else None
+    if isinstance(settings, dict):
+        # sentence-transformers < 6 writes one boolean per mode; 6.x writes "pooling_mode": "mean"
+        pooling = next((mode for key, mode in _ST_POOLING_KEYS.items() if settings.get(key)), None)
+        pooling = pooling or _ST_POOLING_NAMES.get(str(settings.get("pooling_mode")))
+    normalize = None
+    modules_file = _sentence_transformers_file(name_or_path, "modules.json")
+    modules = _read_json(modules_file) if modules_file else None
+    if isinstance(modules, list):
+        normalize = any(str(m.get("type", "")).endswith("Normalize") for m in modules)
+    return pooling, normalize
+
+
+class Encoder(nn.Module):
+    """Transformer backbone + pooling (+ L2 normalisation) with its tokenizer attached."""
+
+    def __init__(
+        self,
+        name_or_path: str,
+        pooling: str | None = None,
+        normalize: bool | None = None,
+        max_length: int = 256,
+        trust_remote_code: bool = False,
+        attn_implementation: str | None = "sdpa",
+        random_init_config: dict[str, Any] | None = None,
+        query_prefix: str = "",
+        doc_prefix: str = "",
+    ) -> None:
+        super().__init__()
+        self.name_or_path = str(name_or_path)
+        self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
+            self.name_or_path, trust_remote_code=trust_remote_code
+        )
+        if random_init_config is not None:
+            # a small randomly initialised BERT that shares the named tokenizer (used by tests / debug)
+            config = BertConfig(vocab_size=len(self.tokenizer), **dict(random_init_config))
+            self.backbone = AutoModel.from_config(config, attn_implementation=attn_implementation)
+            detected_pooling, detected_normalize = None, None
+        else:
+            kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+            if attn_implementation:
+                kwargs["attn_implementation"] = attn_implementation
+            try:
+                self.backbone = AutoModel.from_pretrained(self.name_or_path, **kwargs)
+            except (ValueError, ImportError) as err:
+                if "attn_implementation" not in kwargs or "attn" not in str(err).lower():
+                    raise
+                log.warning("%s does not support attn_implementation=%s; using the default", name_or_path,
+                            attn_implementation)
+                kwargs.pop("attn_implementation")
+                self.backbone = AutoModel.from_pretrained(self.name_or_path, **kwargs)
+            detected_pooling, detected_normalize = detect_pooling(self.name_or_path)
+        self.pooling = pooling or detected_pooling or "mean"
+        if self.pooling not in POOLING_MODES:
+            raise ValueError(
+                f"model.pooling={self.pooling!r} is not valid; valid choices: {', '.join(POOLING_MODES)}"
+            )
+        self.normalize = bool(normalize if normalize is not None else (detected_normalize
+                                                                        if detected_normalize is not None
+                                                                        else True))
+        self.max_length = int(max_length)
+        self.query_prefix = query_prefix
+        self.doc_prefix = doc_prefix
+        log.info("encoder %s: pooling=%s normalize=%s max_length=%d", self.name_or_path, self.pooling,
+                 self.normalize, self.max_length)
+
+    @property
+    def dim(self) -> int:
+        return int(self.backbone.config.hidden_size)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **extra: torch.Tensor) -> torch.Tensor:
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, **extra)
+        embeddings = pool(out.last_hidden_state, attention_mask, self.pooling)
+        return F.normalize(embeddings, dim=-1) if self.normalize else embeddings
+
+    def tokenize(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Dynamic padding: pad to the longest text of this batch, truncate at ``max_length``."""
+        return dict(self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length,
+                                   return_tensors="pt"))
+
+    @torch.inference_mode()
+    def encode(self, texts: Sequence[str], batch_size: int = 64) -> torch.Tensor:
+        """Embeddings of ``texts`` (float32, on CPU), in the order given; batches are length-sorted."""
+        was_training = self.training
+        self.eval()
+        device = next(self.parameters()).device
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
+        out = torch.empty(len(texts), self.dim)
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            batch = {k: v.to(device) for k, v in self.tokenize([texts[i] for i in idx]).items()}
+            out[idx] = self(**batch).float().cpu()
+        self.train(was_training)
+        return out
+
+    def save(self, folder: str | Path) -> None:
+        """Write backbone and tokenizer in Hugging Face layout (``from_pretrained`` can read it)."""
+        self.backbone.save_pretrained(str(folder), safe_serialization=True)
+        self.tokenizer.save_pretrained(str(folder))
+

@@ -1,0 +1,153 @@
+"""``train(cfg)``: build everything from the Hydra config, validate, fit, validate the best model, export.
+
+``train.py`` at the repository root is a thin ``@hydra.main`` wrapper around this function; the tests call it
+with configs made by Hydra's compose API.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.loggers import Logger
+from omegaconf import DictConfig, OmegaConf
+
+from gte_pro.export import export_sentence_transformers
+from gte_pro.model import Encoder
+from gte_pro.module import ContrastiveModule
+
+log = logging.getLogger(__name__)
+
+
+def instantiate_dict(group: DictConfig | None) -> list[Any]:
+    """Instantiate each ``_target_`` entry of a dict-valued group (callbacks, logger); ``none`` gives []."""
+    if not group:
+        return []
+    return [instantiate(node) for node in group.values() if isinstance(node, DictConfig) and "_target_" in node]
+
+
+def build_encoder(cfg: DictConfig) -> Encoder:
+    """The encoder from ``cfg.model`` (everything but ``lr``, which belongs to the optimizer)."""
+    options = {key: value for key, value in OmegaConf.to_container(cfg.model, resolve=True).items() if key != "lr"}
+    return instantiate(options)
+
+
+def build_strategy(cfg: DictConfig) -> Any:
+    """``strategy/auto`` is a name for Lightning; the others are strategy objects built from their config."""
+    if "_target_" in cfg.strategy:
+        return instantiate(cfg.strategy)
+    return cfg.strategy.name
+
+
+def build_trainer(cfg: DictConfig, callbacks: list[Callback], loggers: list[Logger]) -> Trainer:
+    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, strategy=build_strategy(cfg))
+
+
+def build_module(cfg: DictConfig, encoder: Encoder) -> ContrastiveModule:
+    scheduler = cfg.get("scheduler")
+    return ContrastiveModule(
+        encoder=encoder,
+        loss=instantiate(cfg.loss),
+        optimizer=instantiate(cfg.optimizer),
+        lr=cfg.model.lr,
+        scheduler=instantiate(scheduler.fn) if scheduler else None,
+        warmup_ratio=scheduler.warmup_ratio if scheduler else 0.0,
+    )
+
+
+def run_lr_find(trainer: Trainer, module: ContrastiveModule, datamodule: Any, output_dir: Path) -> float:
+    """Lightning's learning-rate range test; saves the plot and sets the module's lr to the suggestion."""
+    from lightning.pytorch.tuner import Tuner
+
+    if trainer.world_size > 1:
+        raise ValueError("lr_find=true runs on one device: drop strategy=ddp/devices>1 for the search, "
+                         "then train with the suggested model.lr")
+    finder = Tuner(trainer).lr_find(module, datamodule=datamodule, update_attr=True, attr_name="lr")
+    if finder is None or finder.suggestion() is None:
+        raise RuntimeError("the learning-rate finder produced no suggestion (loss curve too short or flat)")
+    figure = finder.plot(suggest=True)
+    figure.savefig(output_dir / "lr_find.png")
+    log.info("lr_find: suggested lr %.3g (plot: %s)", finder.suggestion(), output_dir / "lr_find.png")
+    return float(finder.suggestion())
+
+
+def _metrics(results: list[dict[str, float]] | None) -> dict[str, float]:
+    return {key: float(value) for key, value in (results[0] if results else {}).items()}
+
+
+def _best_checkpoint(trainer: Trainer) -> str | None:
+    callback = trainer.checkpoint_callback
+    path = getattr(callback, "best_model_path", "") if callback else ""
+    return path or None
+
+
+def _finish_wandb(loggers: list[Logger]) -> None:
+    """A sweep runs many jobs in one process: close each job's wandb run so the next starts a new one."""
+    if any(type(lg).__name__ == "WandbLogger" for lg in loggers):
+        import wandb
+
+        wandb.finish()
+
+
+def train(cfg: DictConfig) -> float | None:
+    """Fit an encoder as ``cfg`` says; write ``metrics.json`` and ``model/``; return ``cfg.optimized_metric``."""
+    seed_everything(cfg.seed, workers=True)
+    torch.set_float32_matmul_precision(cfg.get("matmul_precision", "high"))
+    output_dir = Path(cfg.paths.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+
+    encoder = build_encoder(cfg)
+    datamodule = instantiate(cfg.data, tokenizer=encoder.tokenizer, query_prefix=encoder.query_prefix,
+                             doc_prefix=encoder.doc_prefix, seed=cfg.seed)
+    module = build_module(cfg, encoder)
+    callbacks = instantiate_dict(cfg.get("callbacks"))
+    loggers = instantiate_dict(cfg.get("logger"))
+    trainer = build_trainer(cfg, callbacks, loggers)
+    for lg in loggers:
+        lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+
+    suggested_lr = run_lr_find(trainer, module, datamodule, output_dir) if cfg.get("lr_find") else None
+    before = None
+    if not cfg.get("ckpt_path"):  # a resumed run was measured before its first start
+        before = _metrics(trainer.validate(module, datamodule=datamodule, verbose=False))
+        log.info("validation before training: %s", _format(before))
+    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    train_metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}
+    best_ckpt = _best_checkpoint(trainer)
+    after = _metrics(trainer.validate(module, datamodule=datamodule, ckpt_path=best_ckpt, verbose=False))
+    log.info("validation after training (%s): %s", best_ckpt or "last weights", _format(after))
+
+    if trainer.is_global_zero:
+        model_dir = export_sentence_transformers(module.encoder, output_dir / "model")
+        summary = {
+            "val_before": before,
+            "val": after,
+            "train": train_metrics,
+            "best_checkpoint": best_ckpt,
+            "model_dir": str(model_dir),
+            "global_step": trainer.global_step,
+            "lr": module.lr,
+            "lr_find_suggestion": suggested_lr,
+            "data": getattr(datamodule, "reports", []),
+        }
+        _write_json_atomic(output_dir / "metrics.json", summary)
+        print(f"metrics: {output_dir / 'metrics.json'}\nmodel:   {model_dir}")
+    _finish_wandb(loggers)
+    metric = cfg.get("optimized_metric")
+    return after.get(metric) if metric else None
+
+
+def _format(metrics: dict[str, float]) -> str:
+    return " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()))
+
+
+def _write_json_atomic(path: Path, blob: dict[str, Any]) -> None:
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(blob, indent=2) + "\n")
+    tmp.replace(path)

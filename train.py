@@ -1,0 +1,15 @@
+"""Entry point: ``python train.py [group=option ...] [key=value ...]`` (add ``-m`` for a sweep)."""
+
+import hydra
+from omegaconf import DictConfig
+
+from gte_pro.train import train
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    return train(cfg)
+
+
+if __name__ == "__main__":
+    main()
