@@ -1,21 +1,27 @@
-"""Callbacks of our own: training throughput in the progress bar and the logs."""
+"""Callbacks of our own: training throughput in the progress bar, the loggers and the text log."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+log = logging.getLogger(__name__)
+
 
 class Throughput(Callback):
-    """Logs samples/s and real (non-padding) tokens/s of the whole job, smoothed, measured between step ends.
+    """Samples/s and real (non-padding) tokens/s of the whole job, smoothed, measured between step ends.
 
     The interval between two step ends includes data loading and the optimizer, so it is the rate a user gets.
+    Every ``print_every_n_steps`` a plain log line (step, loss, rates, ETA) is written too: a progress bar is
+    invisible in a SLURM or CI log file.
     """
 
-    def __init__(self, smoothing: float = 0.9) -> None:
+    def __init__(self, smoothing: float = 0.9, print_every_n_steps: int = 20) -> None:
         self.smoothing = smoothing
+        self.print_every_n_steps = print_every_n_steps
         self._last: float | None = None
         self._samples_per_s: float | None = None
         self._tokens_per_s: float | None = None
@@ -32,9 +38,21 @@ class Throughput(Callback):
         if self._last is not None:
             elapsed = max(now - self._last, 1e-9)
             samples = batch["query"]["input_ids"].shape[0] * trainer.world_size
-            tokens = batch["num_tokens"]  # counted by the collator on the CPU: no device sync here
+            tokens = batch["num_tokens"] * trainer.world_size  # counted by the collator on the CPU: no device sync
             self._samples_per_s = self._smooth(self._samples_per_s, samples / elapsed)
-            self._tokens_per_s = self._smooth(self._tokens_per_s, tokens * trainer.world_size / elapsed)
+            self._tokens_per_s = self._smooth(self._tokens_per_s, tokens / elapsed)
             pl_module.log("train/samples_per_s", self._samples_per_s, prog_bar=True, batch_size=1)
             pl_module.log("train/tokens_per_s", self._tokens_per_s, prog_bar=False, batch_size=1)
         self._last = now
+        step = trainer.global_step
+        if self.print_every_n_steps and step % self.print_every_n_steps == 0 and trainer.is_global_zero:
+            self._print(trainer, step)
+
+    def _print(self, trainer: Trainer, step: int) -> None:
+        total = trainer.estimated_stepping_batches
+        loss = trainer.callback_metrics.get("train/loss")
+        rate = self._samples_per_s or 0.0
+        steps_per_s = rate / max(trainer.datamodule.batch_size * trainer.world_size, 1) if trainer.datamodule else 0
+        eta = (total - step) / steps_per_s if steps_per_s else float("nan")
+        log.info("step %d/%d | loss %s | %.1f samples/s | %.0f tokens/s | eta %.0fs", step, total,
+                 f"{float(loss):.4f}" if loss is not None else "-", rate, self._tokens_per_s or 0.0, eta)

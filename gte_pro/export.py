@@ -15,7 +15,11 @@ from gte_pro.model import Encoder
 
 log = logging.getLogger(__name__)
 
-_ST_POOLING_FLAGS = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token", "last": "pooling_mode_lasttoken"}
+_ST_POOLING_FLAGS = {
+    "mean": "pooling_mode_mean_tokens",
+    "cls": "pooling_mode_cls_token",
+    "last": "pooling_mode_lasttoken",
+}
 
 
 def _write_json(path: Path, blob: object) -> None:

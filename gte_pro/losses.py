@@ -24,6 +24,11 @@ class LossOutput:
     labels: torch.Tensor  # (B_local,) column of each query's positive in ``scores``
 
 
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over 1/temperature-scaled scores in bf16/fp16 loses the ranking signal: compute it in fp32+."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
@@ -69,7 +74,7 @@ class InfoNCELoss(ContrastiveLoss):
         candidates, offset = self._candidates(positive, negatives)
         scores = query @ candidates.T
         labels = torch.arange(query.shape[0], device=query.device) + offset
-        loss = F.cross_entropy(scores.float() / self.temperature, labels)
+        loss = F.cross_entropy(_at_least_fp32(scores) / self.temperature, labels)
         return LossOutput(loss, scores.detach(), labels)
 
 
@@ -102,6 +107,6 @@ class GTELoss(ContrastiveLoss):
         doc_doc_mask = torch.zeros_like(doc_doc, dtype=torch.bool)
         doc_doc_mask[rows, labels] = True
         doc_doc = doc_doc.masked_fill(doc_doc_mask, float("-inf"))
-        logits = torch.cat([query_doc, query_query, doc_query, doc_doc], dim=1).float() / self.temperature
+        logits = _at_least_fp32(torch.cat([query_doc, query_query, doc_query, doc_doc], dim=1)) / self.temperature
         loss = F.cross_entropy(logits, labels)
         return LossOutput(loss, query_doc.detach(), labels)

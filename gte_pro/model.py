@@ -123,6 +123,12 @@ class Encoder(nn.Module):
                 kwargs.pop("attn_implementation")
                 self.backbone = AutoModel.from_pretrained(self.name_or_path, **kwargs)
             detected_pooling, detected_normalize = detect_pooling(self.name_or_path)
+        # from_pretrained returns the model in eval mode; train with dropout like the peers do
+        self.backbone.train()
+        if isinstance(getattr(self.backbone, "pooler", None), nn.Module):
+            # BERT's pooler (a dense layer on [CLS]) is not used by any pooling mode here; leaving it in makes
+            # DDP wait for gradients that never come (and costs memory)
+            self.backbone.pooler = None
         self.pooling = pooling or detected_pooling or "mean"
         if self.pooling not in POOLING_MODES:
             raise ValueError(

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
@@ -46,6 +47,8 @@ def build_strategy(cfg: DictConfig) -> Any:
 
 
 def build_trainer(cfg: DictConfig, callbacks: list[Callback], loggers: list[Logger]) -> Trainer:
+    if not loggers:  # logger=none: the learning-rate monitor has nowhere to write and Lightning refuses it
+        callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
     return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, strategy=build_strategy(cfg))
 
 
@@ -61,14 +64,19 @@ def build_module(cfg: DictConfig, encoder: Encoder) -> ContrastiveModule:
     )
 
 
-def run_lr_find(trainer: Trainer, module: ContrastiveModule, datamodule: Any, output_dir: Path) -> float:
-    """Lightning's learning-rate range test; saves the plot and sets the module's lr to the suggestion."""
+def run_lr_find(trainer: Trainer, module: ContrastiveModule, datamodule: Any, output_dir: Path,
+                num_training: int = 100) -> float:
+    """Lightning's learning-rate range test; saves the plot and sets the module's lr to the suggestion.
+
+    The whole sweep is recorded (no early stop on divergence): the suggestion needs the full curve.
+    """
     from lightning.pytorch.tuner import Tuner
 
     if trainer.world_size > 1:
         raise ValueError("lr_find=true runs on one device: drop strategy=ddp/devices>1 for the search, "
                          "then train with the suggested model.lr")
-    finder = Tuner(trainer).lr_find(module, datamodule=datamodule, update_attr=True, attr_name="lr")
+    finder = Tuner(trainer).lr_find(module, datamodule=datamodule, update_attr=True, attr_name="lr",
+                                    num_training=num_training, early_stop_threshold=None)
     if finder is None or finder.suggestion() is None:
         raise RuntimeError("the learning-rate finder produced no suggestion (loss curve too short or flat)")
     figure = finder.plot(suggest=True)
@@ -112,7 +120,9 @@ def train(cfg: DictConfig) -> float | None:
     for lg in loggers:
         lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
 
-    suggested_lr = run_lr_find(trainer, module, datamodule, output_dir) if cfg.get("lr_find") else None
+    suggested_lr = None
+    if cfg.get("lr_find"):
+        suggested_lr = run_lr_find(trainer, module, datamodule, output_dir, cfg.get("lr_find_steps", 100))
     before = None
     if not cfg.get("ckpt_path"):  # a resumed run was measured before its first start
         before = _metrics(trainer.validate(module, datamodule=datamodule, verbose=False))
@@ -132,6 +142,7 @@ def train(cfg: DictConfig) -> float | None:
             "best_checkpoint": best_ckpt,
             "model_dir": str(model_dir),
             "global_step": trainer.global_step,
+            "world_size": trainer.world_size,
             "lr": module.lr,
             "lr_find_suggestion": suggested_lr,
             "data": getattr(datamodule, "reports", []),

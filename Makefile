@@ -1,0 +1,34 @@
+# Two commands on a fresh machine: `make train` and `make test`. Each installs what it needs into .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+ARGS ?=
+
+.PHONY: install train test test-slow test-all lint clean
+
+# torch first and alone: the pinned CPU wheel; an open range would pull a multi-GB CUDA build
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+# make train ARGS="model=gte_small strategy=ddp devices=4 precision=bf16-mixed"
+train: install
+	$(PY) train.py $(ARGS)
+
+# the default suite (< 10 min on 2 cores); tests marked slow run with `make test-slow`
+test: install
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -m "not slow" $(ARGS)
+
+test-slow: install
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -m slow $(ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check gte_pro tests train.py
+
+clean:
+	rm -rf outputs multirun .pytest_cache .ruff_cache

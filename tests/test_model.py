@@ -1,0 +1,56 @@
+"""Encoder: pooling, settings read from the sentence-transformers files, agreement with sentence-transformers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from gte_pro import packaged_minilm_path
+from gte_pro.model import Encoder, detect_pooling, pool
+
+
+def test_pooling_modes_ignore_padding():
+    hidden = torch.arange(2 * 3 * 2, dtype=torch.float32).reshape(2, 3, 2)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    torch.testing.assert_close(pool(hidden, mask, "cls"), hidden[:, 0])
+    torch.testing.assert_close(pool(hidden, mask, "mean")[0], hidden[0, :2].mean(0))
+    torch.testing.assert_close(pool(hidden, mask, "last"), torch.stack([hidden[0, 1], hidden[1, 2]]))
+    left_padded = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    torch.testing.assert_close(pool(hidden, left_padded, "last"), hidden[:, 2])
+    with pytest.raises(ValueError, match="valid choices: mean, cls, last"):
+        pool(hidden, mask, "max")
+
+
+def test_pooling_and_normalisation_are_read_from_sentence_transformers_files(tmp_path: Path):
+    assert detect_pooling(packaged_minilm_path()) == ("mean", True)
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "cls"}))  # ST >= 6 layout
+    (tmp_path / "modules.json").write_text(json.dumps([{"type": "x.Transformer"}, {"type": "x.Pooling"}]))
+    assert detect_pooling(str(tmp_path)) == ("cls", False)
+    assert detect_pooling(str(tmp_path / "missing")) == (None, None)
+
+
+def test_packaged_minilm_matches_sentence_transformers():
+    from sentence_transformers import SentenceTransformer
+
+    texts = ["How do I reverse a list in Python?", "list.reverse() reverses the items of the list in place.", "x"]
+    ours = Encoder(packaged_minilm_path(), max_length=256).encode(texts)
+    theirs = SentenceTransformer(packaged_minilm_path(), device="cpu").encode(texts, convert_to_tensor=True)
+    torch.testing.assert_close(ours, theirs.cpu(), atol=1e-5, rtol=1e-4)
+
+
+def test_tiny_random_bert_uses_the_packaged_tokenizer():
+    tiny = Encoder(packaged_minilm_path(), random_init_config={"hidden_size": 32, "num_hidden_layers": 1,
+                                                               "num_attention_heads": 2, "intermediate_size": 64})
+    out = tiny.encode(["a", "b c d"])
+    assert out.shape == (2, 32)
+    torch.testing.assert_close(out.norm(dim=-1), torch.ones(2))
+    assert tiny.backbone.config.num_hidden_layers == 1 and tiny.training  # trains with dropout
+
+
+def test_bad_pooling_names_the_choices():
+    with pytest.raises(ValueError, match="model.pooling='max' is not valid; valid choices: mean, cls, last"):
+        Encoder(packaged_minilm_path(), pooling="max")

@@ -1,0 +1,99 @@
+"""End to end in one process: compose -> train(cfg) -> metrics.json + an exported model that other tools load."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from gte_pro.train import train
+
+TEXTS = ["How do I sort a dictionary by value?", "Return a new list containing all items in ascending order.",
+         "tiny", "A much longer passage " * 20]
+
+
+@pytest.fixture(scope="module")
+def fast_run(tmp_path_factory, cache_dir):
+    """One `debug=fast` fit shared by the tests of this module (the expensive part is importing Lightning)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import open_dict
+
+    from tests.conftest import CONF
+
+    out = tmp_path_factory.mktemp("fast_run")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=["debug=fast", "logger=many", "callbacks=default"])
+    GlobalHydra.instance().clear()
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(out)
+        cfg.paths.cache_dir = str(cache_dir)
+    value = train(cfg)
+    return cfg, out, value
+
+
+def test_fit_writes_metrics_checkpoints_logs_and_returns_the_metric(fast_run):
+    cfg, out, value = fast_run
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert value == pytest.approx(metrics["val"]["val/ndcg@10"])
+    assert set(metrics["val_before"]) == set(metrics["val"]) >= {"val/ndcg@10", "val/mrr@10", "val/recall@1",
+                                                                  "val/recall@10", "val/recall@100", "val/map@100"}
+    assert metrics["global_step"] == 4
+    assert {"train/loss", "train/acc", "train/sim_pos", "train/sim_neg", "train/samples_per_s"} <= set(metrics["train"])
+    assert metrics["data"][0]["kept"] >= 1000
+    assert Path(metrics["best_checkpoint"]).is_file() and (out / "checkpoints" / "last.ckpt").is_file()
+    header = (out / "csv" / "version_0" / "metrics.csv").read_text().splitlines()[0]
+    assert "train/loss" in header and "lr-AdamW" in header and "val/ndcg@10" in header
+    assert list((out / "tensorboard").rglob("events.out.tfevents.*"))
+    assert list((out / "wandb").glob("offline-run-*"))
+
+
+def test_exported_model_loads_in_sentence_transformers_with_identical_embeddings(fast_run):
+    from sentence_transformers import SentenceTransformer
+
+    from gte_pro.model import Encoder
+
+    cfg, out, _ = fast_run
+    exported = SentenceTransformer(str(out / "model"), device="cpu")
+    theirs = exported.encode(TEXTS, convert_to_tensor=True)
+    # the module's weights = the best checkpoint's encoder
+    state = torch.load(json.loads((out / "metrics.json").read_text())["best_checkpoint"], weights_only=False)
+    encoder = Encoder(cfg.model.name_or_path, random_init_config=dict(cfg.model.random_init_config),
+                      max_length=cfg.data.max_length)
+    encoder.load_state_dict({k.removeprefix("encoder."): v for k, v in state["state_dict"].items()
+                             if k.startswith("encoder.")})
+    ours = encoder.encode(TEXTS)
+    torch.testing.assert_close(theirs.cpu(), ours, atol=1e-5, rtol=1e-4)
+    assert exported.max_seq_length == cfg.data.max_length
+
+
+def test_resume_from_checkpoint_continues_the_step_count(fast_run, make_cfg, tmp_path):
+    _, out, _ = fast_run
+    last = out / "checkpoints" / "last.ckpt"
+    cfg = make_cfg(["debug=fast", "logger=none", "trainer.max_epochs=2", f"ckpt_path={last}"],
+                   output_dir=tmp_path / "resumed")
+    train(cfg)
+    metrics = json.loads((tmp_path / "resumed" / "metrics.json").read_text())
+    assert metrics["global_step"] == 8  # 4 steps restored + 4 more, not 4 from scratch
+    assert metrics["val_before"] is None
+
+
+def test_lr_find_saves_its_plot_and_trains_with_the_suggestion(make_cfg, tmp_path):
+    cfg = make_cfg(["debug=fast", "logger=none", "callbacks=none", "lr_find=true", "lr_find_steps=40",
+                    "data.max_train_rows=200", "trainer.limit_train_batches=null"], output_dir=tmp_path / "lrf")
+    train(cfg)
+    metrics = json.loads((tmp_path / "lrf" / "metrics.json").read_text())
+    assert (tmp_path / "lrf" / "lr_find.png").stat().st_size > 1000
+    assert metrics["lr"] == pytest.approx(metrics["lr_find_suggestion"]) and metrics["lr"] != cfg.model.lr
+
+
+def test_gte_loss_with_hard_negatives_trains(make_cfg, tmp_path, pairs_file):
+    cfg = make_cfg(["debug=fast", "logger=none", "loss=gte", "data=jsonl", f"data.train_file={pairs_file}",
+                    "data.num_negatives=2", "data.val_fraction=0.2", "precision=bf16-mixed"],
+                   output_dir=tmp_path / "gte")
+    value = train(cfg)
+    assert 0.0 <= value <= 1.0
+    assert (tmp_path / "gte" / "model" / "modules.json").is_file()
