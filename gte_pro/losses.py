@@ -9,6 +9,7 @@ exactly like one process with batch N*B (the loss of each rank is a mean over it
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -39,7 +40,11 @@ def gather_with_grad(x: torch.Tensor) -> tuple[torch.Tensor, int]:
         return x, 0
     from torch.distributed.nn.functional import all_gather
 
-    parts = all_gather(x.contiguous())
+    with warnings.catch_warnings():
+        # deprecated in favour of a private functional-collectives API; this public one still has the autograd
+        # rule we need (backward = reduce-scatter of the gradients, summed over ranks)
+        warnings.simplefilter("ignore", FutureWarning)
+        parts = all_gather(x.contiguous())
     return torch.cat(parts, dim=0), dist.get_rank() * x.shape[0]
 
 

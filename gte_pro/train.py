@@ -20,6 +20,7 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
 from gte_pro.export import export_sentence_transformers
+from gte_pro.launch import job_scope, preemption_callback, resume_checkpoint, under_submitit
 from gte_pro.model import Encoder
 from gte_pro.module import ContrastiveModule
 
@@ -104,17 +105,28 @@ def _finish_wandb(loggers: list[Logger]) -> None:
 
 
 def train(cfg: DictConfig) -> float | None:
-    """Fit an encoder as ``cfg`` says; write ``metrics.json`` and ``model/``; return ``cfg.optimized_metric``."""
+    """Fit an encoder as ``cfg`` says; write ``metrics.json`` and ``model/``; return ``cfg.optimized_metric``.
+
+    Each call is one job with its own distributed environment, so that sweeps can run many in one process.
+    """
+    with job_scope(cfg.devices):
+        return _fit_and_export(cfg)
+
+
+def _fit_and_export(cfg: DictConfig) -> float | None:
     seed_everything(cfg.seed, workers=True)
     torch.set_float32_matmul_precision(cfg.get("matmul_precision", "high"))
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_path = resume_checkpoint(cfg.get("ckpt_path"), cfg.get("resume", "auto"), output_dir)
 
     encoder = build_encoder(cfg)
     datamodule = instantiate(cfg.data, tokenizer=encoder.tokenizer, query_prefix=encoder.query_prefix,
                              doc_prefix=encoder.doc_prefix, seed=cfg.seed)
     module = build_module(cfg, encoder)
     callbacks = instantiate_dict(cfg.get("callbacks"))
+    if under_submitit():
+        callbacks.append(preemption_callback()(output_dir))
     loggers = instantiate_dict(cfg.get("logger"))
     trainer = build_trainer(cfg, callbacks, loggers)
     for lg in loggers:
@@ -124,10 +136,10 @@ def train(cfg: DictConfig) -> float | None:
     if cfg.get("lr_find"):
         suggested_lr = run_lr_find(trainer, module, datamodule, output_dir, cfg.get("lr_find_steps", 100))
     before = None
-    if not cfg.get("ckpt_path"):  # a resumed run was measured before its first start
+    if not ckpt_path:  # a resumed run was measured before its first start
         before = _metrics(trainer.validate(module, datamodule=datamodule, verbose=False))
         log.info("validation before training: %s", _format(before))
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     train_metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}
     best_ckpt = _best_checkpoint(trainer)
     after = _metrics(trainer.validate(module, datamodule=datamodule, ckpt_path=best_ckpt, verbose=False))
@@ -143,6 +155,7 @@ def train(cfg: DictConfig) -> float | None:
             "model_dir": str(model_dir),
             "global_step": trainer.global_step,
             "world_size": trainer.world_size,
+            "resumed_from": ckpt_path,
             "lr": module.lr,
             "lr_find_suggestion": suggested_lr,
             "data": getattr(datamodule, "reports", []),

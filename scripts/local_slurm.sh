@@ -68,11 +68,15 @@ launch() {  # launch NAME CMD...: run CMD in its own session, in the foreground,
     local name=$1; shift
     # setsid: not killed with the caller's process group; </dev/null and log redirection: the
     # caller's pipes (e.g. a test capturing our output) are not held open by the daemon.
-    setsid "$@" </dev/null >>"$LOG_DIR/$name.out" 2>&1 &
+    # 9>&-: the daemon must not inherit (and so keep) the start/stop lock.
+    setsid "$@" </dev/null >>"$LOG_DIR/$name.out" 2>&1 9>&- &
     echo $! >"$PID_DIR/$name.pid"
 }
 
-alive() { [[ -d /proc/$1 ]] && [[ "$(ps -o stat= -p "$1" 2>/dev/null)" != Z* ]]; }  # a zombie is gone
+alive() {  # PID $1 runs; a zombie counts as gone (PID 1 here may take seconds to reap daemons)
+    local state
+    state=$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null) && [[ $state != Z ]]
+}
 
 wait_for() {  # wait_for SECONDS DAEMON CMD...: retry CMD every 0.5 s until it succeeds
     local secs=$1 what=$2; shift 2
@@ -104,12 +108,18 @@ show_logs() {
 node_name() { hostname -s; }   # slurmd and slurmctld both match their config by this name
 
 write_slurm_conf() {
-    local node cpus mem
+    local node hw cpus mem
     node=$(node_name)
-    cpus=$(nproc)
-    # RealMemory exactly as slurmd measures it; a larger value would drain the node.
-    mem=$(slurmd -C | sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p' | head -n1)
-    [[ -n $mem ]] || die "could not read RealMemory from 'slurmd -C'"
+    # The node as slurmd measures it ("CPUs=2 Boards=1 ... RealMemory=24105"): a larger
+    # RealMemory or CPU count than measured would drain the node.
+    hw=$(slurmd -C | head -n1 | sed 's/^NodeName=[^ ]* //')
+    mem=$(sed -n 's/.*RealMemory=\([0-9]*\).*/\1/p' <<<"$hw")
+    [[ -n $mem ]] || die "could not read RealMemory from 'slurmd -C': $hw"
+    if [[ $hw == "CPUs=$(nproc) "* ]]; then
+        cpus=${hw%% RealMemory=*}          # CPUs with the socket/core/thread layout
+    else
+        cpus="CPUs=$(nproc)"               # fewer CPUs usable than present (affinity, quota)
+    fi
 
     if [[ -f $CONF_DIR/slurm.conf ]] && ! grep -qF "$MARK" "$CONF_DIR/slurm.conf"; then
         say "keeping a copy of a foreign $CONF_DIR/slurm.conf as slurm.conf.bak"
@@ -157,7 +167,7 @@ AccountingStorageHost=127.0.0.1
 AccountingStoragePort=6819
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
-NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
+NodeName=$node NodeAddr=127.0.0.1 $cpus RealMemory=$mem State=UNKNOWN
 # FORCE:2 = each CPU may hold two jobs, so a 2-task job can run beside another job on 2 CPUs.
 PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:2
 EOF
@@ -324,7 +334,7 @@ cmd_start() {
         return 0
     fi
     local t0=$SECONDS
-    install -d -m 755 "$BASE" "$PID_DIR" "$LOG_DIR" "$RUN_DIR" "$BASE/state/slurmctld" "$BASE/state/slurmd"
+    install -d -m 755 "$CONF_DIR" "$BASE" "$PID_DIR" "$LOG_DIR" "$RUN_DIR" "$BASE/state/slurmctld" "$BASE/state/slurmd"
     install -d -o mysql -g mysql -m 755 "$RUN_DIR/mysql"
     start_munged
     start_mariadb
@@ -372,9 +382,14 @@ cmd_status() {
     timeout 15 squeue || return 1
 }
 
+lock() {  # one start/stop at a time (e.g. several test processes starting the cluster at once)
+    exec 9>"$BASE.lock"
+    flock -w 300 9 || die "another start/stop holds $BASE.lock"
+}
+
 case ${1:-} in
-    start) cmd_start ;;
-    stop) cmd_stop ;;
+    start) lock; cmd_start ;;
+    stop) lock; cmd_stop ;;
     status) cmd_status ;;
     *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
 esac
