@@ -2,6 +2,9 @@
 
 The metric definitions follow sentence-transformers' ``InformationRetrievalEvaluator`` exactly (binary
 relevance, ties broken by ascending corpus index), so numbers are comparable with the peers' (a test checks it).
+
+Under DDP each rank embeds a share of the texts; ``evaluate_distributed`` gathers the (small) query matrix, ranks
+each rank's corpus shard locally and merges the per-rank top-k lists, so the corpus embeddings never travel.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 if TYPE_CHECKING:  # the data package imports this module
@@ -21,6 +25,8 @@ NDCG_AT = (10,)
 MRR_AT = (10,)
 RECALL_AT = (1, 10, 100)
 MAP_AT = (100,)
+TOP_K = max(*NDCG_AT, *MRR_AT, *RECALL_AT, *MAP_AT)
+_TIE_SPARE = 16  # extra candidates so that ties at the k-th score can be ordered by index
 
 
 @dataclass
@@ -62,6 +68,26 @@ class RetrievalSet:
         return cls(list(query_index), list(corpus_index), relevant)
 
 
+def _top_candidates(query_emb: torch.Tensor, corpus_emb: torch.Tensor, k: int,
+                    max_scores_per_chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scores, indices), each (Q, k), of the k best corpus rows per query; queries in chunks to bound memory."""
+    chunk = max(1, max_scores_per_chunk // max(corpus_emb.shape[0], 1))
+    values, indices = [], []
+    for start in range(0, query_emb.shape[0], chunk):
+        v, i = (query_emb[start : start + chunk] @ corpus_emb.T).topk(k, dim=1)
+        values.append(v)
+        indices.append(i)
+    return torch.cat(values), torch.cat(indices)
+
+
+def _order_candidates(values: torch.Tensor, indices: torch.Tensor, top_k: int) -> torch.Tensor:
+    """The top_k candidate indices per row, best score first, equal scores by ascending corpus index."""
+    by_index = indices.sort(dim=1)
+    values = values.gather(1, by_index.indices)
+    order = torch.sort(-values, dim=1, stable=True).indices[:, :top_k]
+    return by_index.values.gather(1, order)
+
+
 def rank_corpus(query_emb: torch.Tensor, corpus_emb: torch.Tensor, top_k: int,
                 max_scores_per_chunk: int = 1 << 24) -> torch.Tensor:
     """Indices (Q, k) of the top-k corpus entries by cosine similarity, best first, ties by lower index."""
@@ -69,17 +95,100 @@ def rank_corpus(query_emb: torch.Tensor, corpus_emb: torch.Tensor, top_k: int,
     corpus_emb = F.normalize(corpus_emb.float(), dim=-1)
     top_k = min(top_k, corpus_emb.shape[0])
     # a few spare candidates so that ties at the k-th score can still be ordered by index
-    candidates = min(top_k + 16, corpus_emb.shape[0])
-    chunk = max(1, max_scores_per_chunk // corpus_emb.shape[0])
-    ranked = []
-    for start in range(0, query_emb.shape[0], chunk):
-        scores = query_emb[start : start + chunk] @ corpus_emb.T
-        values, indices = scores.topk(candidates, dim=1)
-        by_index = indices.sort(dim=1)
-        values = values.gather(1, by_index.indices)
-        order = torch.sort(-values, dim=1, stable=True).indices[:, :top_k]
-        ranked.append(by_index.values.gather(1, order))
-    return torch.cat(ranked)
+    candidates = min(top_k + _TIE_SPARE, corpus_emb.shape[0])
+    values, indices = _top_candidates(query_emb, corpus_emb, candidates, max_scores_per_chunk)
+    return _order_candidates(values, indices, top_k)
+
+
+# --- sharded evaluation: each rank holds a share of the texts' embeddings ------------------------------------------
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def all_gather_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Every rank's rows of ``x`` concatenated in rank order (counts may differ per rank), and this rank's offset."""
+    rank, world = _world()
+    if world == 1:
+        return x, 0
+    count = torch.tensor([x.shape[0]], device=x.device)
+    counts = [torch.zeros_like(count) for _ in range(world)]
+    dist.all_gather(counts, count)
+    sizes = [int(c) for c in counts]
+    # all_gather needs equal shapes: pad to the largest share (at least one row: empty tensors trip some backends)
+    padded = x.new_zeros((max(max(sizes), 1), *x.shape[1:]))
+    padded[: x.shape[0]] = x
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    return torch.cat([part[:n] for part, n in zip(parts, sizes, strict=True)]), sum(sizes[:rank])
+
+
+def _gather_columns(x: torch.Tensor) -> torch.Tensor:
+    """(Q, w) on every rank -> (Q, world * w): the candidates of all ranks side by side."""
+    if _world()[1] == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(_world()[1])]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts, dim=1)
+
+
+def owned_mask(ids: torch.Tensor, num_queries: int, num_corpus: int) -> torch.Tensor:
+    """Which local entries this rank keeps: the first occurrence of each id over all ranks.
+
+    Signed ids as in the validation batches (query i -> i, corpus entry j -> -(j + 1)). A distributed sampler pads
+    the shards with repeats to equal size; only ids (8 bytes a text) are gathered to find them, never embeddings.
+    Raises if some text was embedded by no rank.
+    """
+    slot = torch.where(ids >= 0, ids, num_queries - ids - 1)
+    all_slots, offset = all_gather_rows(slot)
+    total, never = num_queries + num_corpus, all_slots.shape[0]
+    positions = torch.arange(never, device=slot.device)
+    first = torch.full((total,), never, device=slot.device).scatter_reduce(0, all_slots, positions, reduce="amin")
+    missing = int((first == never).sum())
+    if missing:
+        raise RuntimeError(f"evaluation embedded {total - missing} distinct texts, expected {total}")
+    return first[slot] == offset + torch.arange(slot.shape[0], device=slot.device)
+
+
+def sharded_rank(query_emb: torch.Tensor, shard_emb: torch.Tensor, shard_index: torch.Tensor, num_corpus: int,
+                 top_k: int, max_scores_per_chunk: int = 1 << 24) -> torch.Tensor:
+    """``rank_corpus`` over a corpus split across ranks: every rank ranks its own shard, then the per-rank top-k
+    lists (scores + global indices, Q x k each) are gathered and merged. Needs all queries on every rank.
+
+    ``shard_index`` holds the global corpus index of each row of ``shard_emb``; shards must not overlap.
+    """
+    query_emb = F.normalize(query_emb.float(), dim=-1)
+    shard_emb = F.normalize(shard_emb.float(), dim=-1)
+    top_k = min(top_k, num_corpus)
+    width = min(top_k + _TIE_SPARE, num_corpus)
+    local = min(width, shard_emb.shape[0])
+    # padding: score -inf and index num_corpus (past every real one) sort after every real candidate
+    values = query_emb.new_full((query_emb.shape[0], width), float("-inf"))
+    indices = torch.full_like(values, num_corpus, dtype=torch.long)
+    if local:
+        v, i = _top_candidates(query_emb, shard_emb, local, max_scores_per_chunk)
+        values[:, :local], indices[:, :local] = v, shard_index.to(i.device)[i]
+    return _order_candidates(_gather_columns(values), _gather_columns(indices), top_k)
+
+
+def evaluate_distributed(ids: torch.Tensor, embeddings: torch.Tensor, relevant: Sequence[set[int]],
+                         num_corpus: int) -> dict[str, float]:
+    """Metrics from this rank's share of (signed id, embedding) rows; every rank returns the same numbers.
+
+    Queries (small) are gathered to every rank; the corpus (large) stays sharded and only top-k lists travel.
+    With one process this is ``evaluate_embeddings``.
+    """
+    num_queries = len(relevant)
+    keep = owned_mask(ids, num_queries, num_corpus)
+    ids, embeddings = ids[keep], embeddings[keep]
+    is_query = ids >= 0
+    query_ids, _ = all_gather_rows(ids[is_query])
+    query_rows, _ = all_gather_rows(embeddings[is_query])
+    query_emb = embeddings.new_zeros((num_queries, embeddings.shape[-1]))
+    query_emb[query_ids] = query_rows
+    ranked = sharded_rank(query_emb, embeddings[~is_query], -ids[~is_query] - 1, num_corpus, TOP_K)
+    return retrieval_metrics(ranked.cpu(), relevant)
 
 
 def _dcg(relevances: Sequence[int], k: int) -> float:
@@ -112,5 +221,4 @@ def retrieval_metrics(ranked: torch.Tensor, relevant: Sequence[set[int]]) -> dic
 
 def evaluate_embeddings(query_emb: torch.Tensor, corpus_emb: torch.Tensor,
                         relevant: Sequence[set[int]]) -> dict[str, float]:
-    top_k = max(*NDCG_AT, *MRR_AT, *RECALL_AT, *MAP_AT)
-    return retrieval_metrics(rank_corpus(query_emb, corpus_emb, top_k), relevant)
+    return retrieval_metrics(rank_corpus(query_emb, corpus_emb, TOP_K), relevant)

@@ -164,7 +164,7 @@ def preemption_callback() -> Any:
         Saving from inside the signal handler could deadlock DDP (one rank in a barrier, one in an all-reduce).
         """
 
-        def __init__(self, output_dir: Path, check_every_n_steps: int = 1) -> None:
+        def __init__(self, output_dir: Path, check_every_n_steps: int = 5) -> None:
             self.output_dir = output_dir
             self.check_every_n_steps = check_every_n_steps
             self._requested = False

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule
 
-from gte_pro.evaluation import evaluate_embeddings
+from gte_pro.evaluation import RetrievalSet, evaluate_distributed
 from gte_pro.losses import ContrastiveLoss
 from gte_pro.model import Encoder
 
@@ -22,6 +22,13 @@ def param_groups(model: torch.nn.Module) -> list[dict[str, Any]]:
             (no_decay if param.ndim < 2 else decay).append(param)
     groups: list[dict[str, Any]] = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
     return [g for g in groups if g["params"]]
+
+
+def validation_sets(datamodule: Any) -> list[tuple[str, RetrievalSet]]:
+    """(name, set) per validation dataloader, in order; the unnamed one is the training data's held-out split."""
+    if hasattr(datamodule, "validation_sets"):
+        return datamodule.validation_sets()
+    return [("", datamodule.retrieval)]
 
 
 class ContrastiveModule(LightningModule):
@@ -41,8 +48,9 @@ class ContrastiveModule(LightningModule):
         self.scheduler_factory = scheduler
         self.warmup_ratio = warmup_ratio
         self.lr = lr  # a plain attribute, so that Lightning's learning-rate finder can set it
-        self._val_ids: list[torch.Tensor] = []
-        self._val_embeddings: list[torch.Tensor] = []
+        # per validation dataloader: the signed ids and embeddings this rank computed
+        self._val_ids: dict[int, list[torch.Tensor]] = {}
+        self._val_embeddings: dict[int, list[torch.Tensor]] = {}
 
     # --- training ---------------------------------------------------------------------------------------------
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
@@ -66,37 +74,28 @@ class ContrastiveModule(LightningModule):
         )
         return out.loss
 
-    # --- validation: retrieval over the held-out corpus ------------------------------------------------------
+    # --- validation: retrieval over the held-out corpus and any named sets (BEIR folders) ------------------------
     def on_validation_epoch_start(self) -> None:
-        self._val_ids, self._val_embeddings = [], []
+        self._val_ids, self._val_embeddings = {}, {}
 
-    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        self._val_ids.append(batch["ids"])
-        self._val_embeddings.append(self.encoder(**batch["features"]).float())
+    def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._val_ids.setdefault(dataloader_idx, []).append(batch["ids"])
+        self._val_embeddings.setdefault(dataloader_idx, []).append(self.encoder(**batch["features"]).float())
 
     def on_validation_epoch_end(self) -> None:
-        retrieval = self.trainer.datamodule.retrieval
-        ids = torch.cat(self._val_ids)
-        embeddings = torch.cat(self._val_embeddings)
-        self._val_ids, self._val_embeddings = [], []
-        if self.trainer.world_size > 1:
-            # the distributed sampler hands each rank an equal share (padded with repeats): gather all, dedupe
-            ids = self.all_gather(ids).reshape(-1)
-            embeddings = self.all_gather(embeddings).reshape(-1, embeddings.shape[-1])
-        ids, embeddings = ids.cpu(), embeddings.cpu()
-        query_emb = torch.zeros(len(retrieval.queries), embeddings.shape[-1])
-        corpus_emb = torch.zeros(len(retrieval.corpus), embeddings.shape[-1])
-        is_query = ids >= 0
-        query_emb[ids[is_query]] = embeddings[is_query]
-        corpus_emb[-ids[~is_query] - 1] = embeddings[~is_query]
-        seen = torch.unique(ids)
-        if seen.numel() != len(retrieval.queries) + len(retrieval.corpus):
-            raise RuntimeError(f"validation embedded {seen.numel()} distinct texts, expected "
-                               f"{len(retrieval.queries) + len(retrieval.corpus)}")
-        metrics = evaluate_embeddings(query_emb, corpus_emb, retrieval.relevant)
-        # every rank computed the same numbers from the same gathered embeddings: no reduction needed
-        for name, value in metrics.items():
-            self.log(f"val/{name}", value, prog_bar=name == "ndcg@10", sync_dist=False)
+        ids_by_loader, embeddings_by_loader = self._val_ids, self._val_embeddings
+        self._val_ids, self._val_embeddings = {}, {}
+        for index, (name, retrieval) in enumerate(validation_sets(self.trainer.datamodule)):
+            ids = torch.cat(ids_by_loader.get(index) or [torch.empty(0, dtype=torch.long, device=self.device)])
+            embeddings = torch.cat(embeddings_by_loader.get(index)
+                                   or [torch.empty(0, self.encoder.dim, device=self.device)])
+            # each rank holds the distributed sampler's share: the corpus stays sharded, only top-k lists travel
+            metrics = evaluate_distributed(ids, embeddings, retrieval.relevant, len(retrieval.corpus))
+            prefix = f"val/{name}/" if name else "val/"
+            # every rank computed the same numbers from the same merged rankings: no reduction needed
+            for metric, value in metrics.items():
+                self.log(prefix + metric, value, prog_bar=not name and metric == "ndcg@10", sync_dist=False,
+                         add_dataloader_idx=False)
 
     # --- optimisation ---------------------------------------------------------------------------------------
     def configure_optimizers(self) -> Any:

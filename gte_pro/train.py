@@ -19,10 +19,12 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
+from gte_pro.data.beir import attach_eval_sets
 from gte_pro.export import export_sentence_transformers
 from gte_pro.launch import job_scope, preemption_callback, resume_checkpoint, under_submitit
 from gte_pro.model import Encoder
 from gte_pro.module import ContrastiveModule
+from gte_pro.release import check_export_requirements, release
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +89,8 @@ def run_lr_find(trainer: Trainer, module: ContrastiveModule, datamodule: Any, ou
 
 
 def _metrics(results: list[dict[str, float]] | None) -> dict[str, float]:
-    return {key: float(value) for key, value in (results[0] if results else {}).items()}
+    # one dict per validation dataloader (the held-out split, then each eval.beir set): merge them
+    return {key: float(value) for result in results or [] for key, value in result.items()}
 
 
 def _best_checkpoint(trainer: Trainer) -> str | None:
@@ -109,7 +112,14 @@ def train(cfg: DictConfig) -> float | None:
 
     Each call is one job with its own distributed environment, so that sweeps can run many in one process.
     """
+    mode = cfg.get("mode", "train")
+    if mode not in ("train", "eval"):
+        raise ValueError(f"mode={mode!r} is not valid; valid choices: train, eval")
     with job_scope(cfg.devices):
+        if mode == "eval":
+            from gte_pro.evaluate import evaluate  # evaluate imports this module's builders
+
+            return evaluate(cfg)
         return _fit_and_export(cfg)
 
 
@@ -119,10 +129,12 @@ def _fit_and_export(cfg: DictConfig) -> float | None:
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = resume_checkpoint(cfg.get("ckpt_path"), cfg.get("resume", "auto"), output_dir)
+    check_export_requirements(cfg.get("export"))
 
     encoder = build_encoder(cfg)
     datamodule = instantiate(cfg.data, tokenizer=encoder.tokenizer, query_prefix=encoder.query_prefix,
                              doc_prefix=encoder.doc_prefix, seed=cfg.seed)
+    attach_eval_sets(datamodule, cfg)  # eval.beir: validated (and logged) next to the held-out split
     module = build_module(cfg, encoder)
     callbacks = instantiate_dict(cfg.get("callbacks"))
     if under_submitit():
@@ -160,6 +172,9 @@ def _fit_and_export(cfg: DictConfig) -> float | None:
             "lr_find_suggestion": suggested_lr,
             "data": getattr(datamodule, "reports", []),
         }
+        _write_json_atomic(output_dir / "metrics.json", summary)
+        # verified exports, model card, deployment checks: raises (failing the run) if an export is off
+        summary["exports"] = release(module.encoder, output_dir, cfg, summary, fresh=lambda: build_encoder(cfg))
         _write_json_atomic(output_dir / "metrics.json", summary)
         print(f"metrics: {output_dir / 'metrics.json'}\nmodel:   {model_dir}")
     _finish_wandb(loggers)

@@ -45,7 +45,12 @@ def test_model_options(make_cfg, option):
 
 @pytest.mark.parametrize("option", options("data"))
 def test_data_options(make_cfg, option, tokenizer, pairs_file: Path, tmp_path: Path):
-    extra = {"jsonl": [f"data.train_file={pairs_file}"], "hf": [f"data.path={tmp_path / 'hf'}"]}
+    extra = {"jsonl": [f"data.train_file={pairs_file}"], "hf": [f"data.path={tmp_path / 'hf'}"],
+             "beir": [f"data.path={tmp_path / 'beir'}"]}
+    if option == "beir":
+        from tests.beir_data import write_beir_folder
+
+        write_beir_folder(tmp_path / "beir")
     if option == "hf":
         import datasets
 
@@ -147,3 +152,12 @@ def test_unknown_option_names_the_valid_choices(make_cfg):
         make_cfg(["model=gte_huge"])
     message = str(err.value)
     assert "gte_huge" in message and "gte_small" in message and "minilm" in message
+
+
+def test_optuna_preset_uses_the_optuna_sweeper(make_cfg):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=["hparams_search=optuna"], return_hydra_config=True)
+    assert "optuna" in cfg.hydra.sweeper._target_.lower() and cfg.hydra.sweeper.direction == "maximize"
+    assert set(cfg.hydra.sweeper.params) == {"model.lr", "loss.temperature"}

@@ -1,0 +1,275 @@
+"""BEIR-format retrieval sets: evaluation sets named in ``eval.beir`` and training data (``data=beir``).
+
+A BEIR folder holds ``corpus.jsonl`` ({"_id", "title", "text"} per line), ``queries.jsonl`` ({"_id", "text"}) and
+``qrels/<split>.tsv`` (tab-separated, header ``query-id corpus-id score``). As in sentence-transformers'
+``InformationRetrievalEvaluator`` relevance is binary (score > 0) and a document is ``title + " " + text``.
+Every error names the file, the line and the offending id.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import LightningDataModule
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader
+from transformers import PreTrainedTokenizerBase
+
+from gte_pro.data.datamodule import ContrastiveDataModule, EvalCollator, EvalTexts
+from gte_pro.data.records import DataError, Example, clean_text, iter_jsonl
+from gte_pro.evaluation import RetrievalSet
+
+log = logging.getLogger(__name__)
+
+QRELS_HEADER = ("query-id", "corpus-id", "score")
+
+
+@dataclass
+class BeirSet(RetrievalSet):
+    """A RetrievalSet that keeps the folder's string ids (query i is ``query_ids[i]``, document j ``corpus_ids[j]``)."""
+
+    name: str = ""
+    query_ids: list[str] = field(default_factory=list)
+    corpus_ids: list[str] = field(default_factory=list)
+
+
+# --- reading the three files -------------------------------------------------------------------------------------
+def _folder(path: str | Path) -> Path:
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise DataError(f"{folder}: not a BEIR folder (no such directory; expected corpus.jsonl, queries.jsonl, "
+                        f"qrels/<split>.tsv)")
+    return folder
+
+
+def _string_field(record: Any, key: str, where: str, required: bool = True) -> str:
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    value = record.get(key)
+    if value is None and not required:
+        return ""
+    if key == "_id" and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)  # some exports write numeric ids; qrels name them as text
+    if key not in record:
+        raise DataError(f"{where}: field '{key}' is missing")
+    if not isinstance(value, str):
+        raise DataError(f"{where}: field '{key}' must be a string, got {type(value).__name__}")
+    return value
+
+
+def _read_jsonl_ids(path: Path, text_of: Any) -> Iterator[tuple[str, str]]:
+    """(id, text) per line; duplicate ids are an error naming both lines."""
+    first_line: dict[str, int] = {}
+    for line_no, record in iter_jsonl(path):
+        where = f"{path}, line {line_no}"
+        doc_id = _string_field(record, "_id", where)
+        if doc_id in first_line:
+            raise DataError(f"{where}: duplicate _id '{doc_id}' (first on line {first_line[doc_id]})")
+        first_line[doc_id] = line_no
+        yield doc_id, text_of(record, where, doc_id)
+
+
+def _document_text(record: dict, where: str, doc_id: str) -> str:
+    title = _string_field(record, "title", f"{where} (_id '{doc_id}')", required=False)
+    text = _string_field(record, "text", f"{where} (_id '{doc_id}')")
+    return f"{title} {text}".strip() if title else text
+
+
+def _query_text(record: dict, where: str, query_id: str) -> str:
+    return _string_field(record, "text", f"{where} (_id '{query_id}')")
+
+
+def read_beir_corpus(folder: str | Path) -> tuple[list[str], list[str]]:
+    """(ids, texts) of ``corpus.jsonl`` in file order."""
+    pairs = list(_read_jsonl_ids(_folder(folder) / "corpus.jsonl", _document_text))
+    if not pairs:
+        raise DataError(f"{Path(folder) / 'corpus.jsonl'}: no documents")
+    return [doc_id for doc_id, _ in pairs], [text for _, text in pairs]
+
+
+def read_beir_queries(folder: str | Path) -> dict[str, str]:
+    """id -> text of ``queries.jsonl`` (all splits' queries; the qrels say which belong to a split)."""
+    return dict(_read_jsonl_ids(_folder(folder) / "queries.jsonl", _query_text))
+
+
+def beir_splits(folder: str | Path) -> list[str]:
+    return sorted(p.stem for p in (Path(folder).expanduser() / "qrels").glob("*.tsv"))
+
+
+def _qrels_rows(path: Path) -> Iterator[tuple[str, int, list[str]]]:
+    """(where, line number, 3 columns) per data line, after checking the header."""
+    with path.open(encoding="utf-8") as handle:
+        lines = ((n, line.rstrip("\r\n")) for n, line in enumerate(handle, start=1) if line.strip())
+        header = next(lines, None)
+        if header is None or tuple(header[1].split()) != QRELS_HEADER:
+            got = repr(header[1][:80]) if header else "an empty file"
+            raise DataError(f"{path}, line {header[0] if header else 1}: expected the header "
+                            f"'query-id<TAB>corpus-id<TAB>score', got {got}")
+        for line_no, line in lines:
+            columns = line.split("\t") if line.count("\t") == 2 else line.split()
+            if len(columns) != 3:
+                raise DataError(f"{path}, line {line_no}: expected 3 tab-separated columns "
+                                f"(query-id, corpus-id, score), got {len(columns)}")
+            yield f"{path}, line {line_no}", line_no, columns
+
+
+def _qrels_path(folder: str | Path, split: str) -> Path:
+    folder = _folder(folder)
+    path = folder / "qrels" / f"{split}.tsv"
+    if not path.is_file():
+        raise DataError(f"{path}: file not found (splits in {folder}: {', '.join(beir_splits(folder)) or 'none'})")
+    return path
+
+
+def read_beir_qrels(folder: str | Path, split: str, query_ids: Iterable[str],
+                    corpus_ids: Iterable[str]) -> dict[str, dict[str, int]]:
+    """query id -> {corpus id: score} of ``qrels/<split>.tsv``; every id must exist in queries/corpus."""
+    path = _qrels_path(folder, split)
+    known_queries, known_docs = set(query_ids), set(corpus_ids)
+    qrels: dict[str, dict[str, int]] = {}
+    for where, _, (query_id, doc_id, score) in _qrels_rows(path):
+        if query_id not in known_queries:
+            raise DataError(f"{where}: query-id '{query_id}' is not in queries.jsonl")
+        if doc_id not in known_docs:
+            raise DataError(f"{where}: corpus-id '{doc_id}' is not in corpus.jsonl")
+        try:
+            qrels.setdefault(query_id, {})[doc_id] = int(score)
+        except ValueError:
+            raise DataError(f"{where}: score '{score}' of query-id '{query_id}' is not an integer") from None
+    return qrels
+
+
+def load_beir(folder: str | Path, split: str = "test", name: str | None = None) -> BeirSet:
+    """One split of a BEIR folder: the queries with at least one relevant document, over the whole corpus."""
+    folder = _folder(folder)
+    _qrels_path(folder, split)  # a wrong split name fails before a large corpus is read
+    corpus_ids, corpus_texts = read_beir_corpus(folder)
+    queries = read_beir_queries(folder)
+    qrels = read_beir_qrels(folder, split, queries, corpus_ids)
+    index = {doc_id: j for j, doc_id in enumerate(corpus_ids)}
+    # queries.jsonl order, like the evaluator; a query whose judgements are all 0 has nothing to find
+    query_ids = [qid for qid in queries if any(score > 0 for score in qrels.get(qid, {}).values())]
+    if not query_ids:
+        raise DataError(f"{folder / 'qrels' / f'{split}.tsv'}: no query has a relevant document (score > 0)")
+    relevant = [{index[doc] for doc, score in qrels[qid].items() if score > 0} for qid in query_ids]
+    beir = BeirSet(queries=[queries[qid] for qid in query_ids], corpus=corpus_texts, relevant=relevant,
+                   name=name or folder.name, query_ids=query_ids, corpus_ids=corpus_ids)
+    log.info("BEIR %s (%s, split %s): %d queries, %d documents", beir.name, folder, split, len(query_ids),
+             len(corpus_ids))
+    return beir
+
+
+# --- eval.beir: which sets, under which names ----------------------------------------------------------------------
+def eval_set_specs(entries: Sequence[Any], default_split: str) -> list[tuple[str, str, str]]:
+    """(path, split, name) per ``eval.beir`` entry: a folder, or a {path, split, name} mapping."""
+    specs = []
+    for entry in entries:
+        if isinstance(entry, DictConfig):
+            entry = OmegaConf.to_container(entry, resolve=True)
+        if isinstance(entry, Mapping):
+            unknown = set(entry) - {"path", "split", "name"}
+            if "path" not in entry or unknown:
+                raise ValueError(f"eval.beir entry {entry}: expected a folder or {{path, split, name}}"
+                                 + (f" (unknown keys: {', '.join(sorted(unknown))})" if unknown else ""))
+            path, split, name = str(entry["path"]), entry.get("split"), entry.get("name")
+        else:
+            path, split, name = str(entry), None, None
+        specs.append((path, str(split or default_split), str(name or Path(path).expanduser().name)))
+    names = [name for _, _, name in specs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"eval.beir: two sets are named {', '.join(duplicates)}; give each a name "
+                         f"({{path: ..., name: ...}})")
+    return specs
+
+
+def load_eval_sets(eval_cfg: Any) -> list[tuple[str, BeirSet]]:
+    """The BEIR sets that ``eval.beir`` names, loaded (each rank reads the files itself)."""
+    if not eval_cfg or not eval_cfg.get("beir"):
+        return []
+    return [(name, load_beir(path, split, name)) for path, split, name in
+            eval_set_specs(eval_cfg.beir, eval_cfg.get("split", "test"))]
+
+
+def attach_eval_sets(datamodule: Any, cfg: Any) -> None:
+    """Add ``cfg.eval.beir`` to the training data module's validation (logged as ``val/<name>/<metric>``)."""
+    sets = load_eval_sets(cfg.get("eval"))
+    if sets:
+        datamodule.add_eval_sets(sets, batch_size=cfg.eval.get("batch_size"), max_length=cfg.eval.get("max_length"))
+
+
+# --- data modules --------------------------------------------------------------------------------------------------
+class EvalDataModule(LightningDataModule):
+    """Named retrieval sets only (``mode=eval``): one validation dataloader each, texts sorted by length."""
+
+    def __init__(self, sets: Sequence[tuple[str, RetrievalSet]], tokenizer: PreTrainedTokenizerBase,
+                 batch_size: int = 128, max_length: int = 512, query_prefix: str = "", doc_prefix: str = "",
+                 num_workers: int = 0) -> None:
+        super().__init__()
+        if not sets:
+            raise ValueError("EvalDataModule: no evaluation sets")
+        self.sets = list(sets)
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.collate = EvalCollator(tokenizer, max_length)
+        self.batch_size = batch_size
+        self.query_prefix = query_prefix
+        self.doc_prefix = doc_prefix
+        self.num_workers = num_workers
+
+    def validation_sets(self) -> list[tuple[str, RetrievalSet]]:
+        return list(self.sets)
+
+    def val_dataloader(self) -> list[DataLoader]:
+        return [DataLoader(EvalTexts(rs, self.query_prefix, self.doc_prefix, self.tokenizer, self.max_length),
+                           batch_size=self.batch_size, shuffle=False, collate_fn=self.collate,
+                           num_workers=self.num_workers) for _, rs in self.sets]
+
+
+def beir_examples(queries: Mapping[str, str], corpus: Mapping[str, str],
+                  qrels: Mapping[str, Mapping[str, int]]) -> list[Example]:
+    """One training row per query: all its documents of score > 0 are positives (each epoch draws one)."""
+    rows = []
+    for query_id, judged in qrels.items():
+        positives = [corpus[doc] for doc, score in judged.items() if score > 0]
+        if positives:
+            rows.append(Example(queries[query_id], positives))
+    return rows
+
+
+class BeirDataModule(ContrastiveDataModule):
+    """Train on ``qrels/<train_split>.tsv`` of a BEIR folder; validate on its first existing ``val_splits`` split
+    over the whole corpus (or, if none exists, on ``val_fraction`` of the training queries).
+
+    Texts are cleaned like every training source; for the canonical numbers name the folder in ``eval.beir``.
+    """
+
+    def __init__(self, path: str, train_split: str = "train", val_splits: Sequence[str] = ("dev", "test"),
+                 max_distractors: int | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not path:
+            raise DataError("data.path (a BEIR folder) is required with data=beir")
+        self.path = str(Path(path).expanduser())
+        self.train_split = train_split
+        self.val_splits = list(val_splits or [])
+        self.max_distractors = max_distractors
+
+    def _rows(self, split: str, queries: dict[str, str], corpus: dict[str, str]) -> list[Example]:
+        qrels = read_beir_qrels(self.path, split, queries, corpus)
+        return self._clean(beir_examples(queries, corpus, qrels), f"{self.path}/qrels/{split}.tsv")
+
+    def load_rows(self) -> tuple[list[Example], list[Example] | None, list[str]]:
+        corpus_ids, corpus_texts = read_beir_corpus(self.path)
+        corpus = dict(zip(corpus_ids, corpus_texts, strict=True))
+        queries = read_beir_queries(self.path)
+        train = self._rows(self.train_split, queries, corpus)
+        val_split = next((s for s in self.val_splits if s != self.train_split
+                          and (Path(self.path) / "qrels" / f"{s}.tsv").is_file()), None)
+        val = self._rows(val_split, queries, corpus) if val_split else None
+        # the rest of the corpus competes with the positives, as in a BEIR evaluation
+        distractors = [t for t in map(clean_text, corpus_texts) if t][: self.max_distractors]
+        return train, val, distractors

@@ -1,0 +1,107 @@
+"""``mode=eval``: evaluate any encoder (hub name, local folder, an exported fine-tune) on BEIR folders.
+
+    python train.py mode=eval model=encoder model.name_or_path=outputs/train/<run>/model eval.beir=[data/scifact]
+
+Encoding goes through the same Lightning validation as training (length-sorted batches, inference mode, the
+trainer's precision, the corpus sharded over ``devices``), so the numbers are the ones training logs. Writes
+``<run dir>/metrics.json`` and ``<run dir>/metrics.md``. Without ``eval.beir`` the data module's held-out split is
+evaluated instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+from lightning.pytorch import LightningDataModule, seed_everything
+from omegaconf import DictConfig, OmegaConf
+
+from gte_pro.data.beir import EvalDataModule, eval_set_specs, load_eval_sets
+from gte_pro.model import Encoder
+from gte_pro.module import validation_sets
+from gte_pro.report import HELD_OUT, metrics_by_set, metrics_table
+from gte_pro.train import build_encoder, build_module, build_trainer
+
+log = logging.getLogger(__name__)
+
+
+def eval_datamodule(cfg: DictConfig, encoder: Encoder) -> LightningDataModule:
+    """The BEIR sets of ``eval.beir``, or (none named) the configured data module's held-out split."""
+    sets = load_eval_sets(cfg.get("eval"))
+    if sets:
+        return EvalDataModule(sets, encoder.tokenizer, batch_size=cfg.eval.batch_size, max_length=cfg.eval.max_length,
+                              query_prefix=encoder.query_prefix, doc_prefix=encoder.doc_prefix,
+                              num_workers=cfg.data.get("num_workers", 0))
+    return instantiate(cfg.data, tokenizer=encoder.tokenizer, query_prefix=encoder.query_prefix,
+                       doc_prefix=encoder.doc_prefix, seed=cfg.seed)
+
+
+def _merge(results: list[dict[str, Any]]) -> dict[str, float]:
+    """One flat dict from Lightning's per-dataloader result dicts."""
+    return {key: float(value) for result in results for key, value in result.items()}
+
+
+def _set_details(cfg: DictConfig, datamodule: Any) -> dict[str, dict[str, Any]]:
+    """Where each set came from and how big it is, keyed like the metrics table."""
+    origin = {}
+    if cfg.get("eval") and cfg.eval.get("beir"):
+        origin = {name: {"path": path, "split": split}
+                  for path, split, name in eval_set_specs(cfg.eval.beir, cfg.eval.get("split", "test"))}
+    return {(name or HELD_OUT): {**origin.get(name, {"data": cfg.data.get("_target_")}),
+                                 "queries": len(rs.queries), "docs": len(rs.corpus)}
+            for name, rs in validation_sets(datamodule)}
+
+
+def evaluate(cfg: DictConfig) -> float | None:
+    """Evaluate ``cfg.model`` as configured; write ``metrics.json`` + ``metrics.md``; return the optimized metric."""
+    seed_everything(cfg.seed, workers=True)
+    torch.set_float32_matmul_precision(cfg.get("matmul_precision", "high"))
+    output_dir = Path(cfg.paths.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    encoder = build_encoder(cfg)
+    datamodule = eval_datamodule(cfg, encoder)
+    module = build_module(cfg, encoder)
+    # no checkpointing, early stopping or loggers: nothing is trained
+    trainer = build_trainer(cfg, callbacks=[], loggers=[])
+    start = time.perf_counter()
+    flat = _merge(trainer.validate(module, datamodule=datamodule, verbose=False))
+    seconds = time.perf_counter() - start
+    if trainer.is_global_zero:
+        write_eval_report(output_dir, cfg, encoder, _set_details(cfg, datamodule), flat, seconds,
+                          trainer.world_size)
+    metric = cfg.get("optimized_metric")
+    return flat.get(metric) if metric else None
+
+
+def write_eval_report(output_dir: Path, cfg: DictConfig, encoder: Encoder, details: dict[str, dict[str, Any]],
+                      flat: dict[str, float], seconds: float, world_size: int) -> None:
+    by_set = metrics_by_set(flat)
+    table = metrics_table(flat, sizes={name: (d["queries"], d["docs"]) for name, d in details.items()})
+    texts = sum(d["queries"] + d["docs"] for d in details.values())
+    summary = {
+        "mode": "eval",
+        "model": encoder.name_or_path,
+        "pooling": encoder.pooling,
+        "normalize": encoder.normalize,
+        "max_length": int(cfg.eval.max_length) if cfg.get("eval") else encoder.max_length,
+        "query_prefix": encoder.query_prefix,
+        "doc_prefix": encoder.doc_prefix,
+        "precision": str(cfg.trainer.precision),
+        "world_size": world_size,
+        "seconds": round(seconds, 3),
+        "texts_per_s": round(texts / max(seconds, 1e-9), 1),
+        "sets": {name: {**details.get(name, {}), "metrics": values} for name, values in by_set.items()},
+        "val": flat,
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
+    (output_dir / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
+    header = (f"# Retrieval evaluation\n\nmodel: `{encoder.name_or_path}` (pooling {encoder.pooling}, "
+              f"normalize {encoder.normalize}), precision {cfg.trainer.precision}, {world_size} process(es), "
+              f"{seconds:.1f} s\n\n")
+    (output_dir / "metrics.md").write_text(header + table)
+    print(f"{table}\nmetrics: {output_dir / 'metrics.json'}\ntable:   {output_dir / 'metrics.md'}")

@@ -1,0 +1,43 @@
+"""Readable retrieval results: flat logged metrics -> one row per evaluation set, as a markdown table."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+METRICS = ("ndcg@10", "mrr@10", "map@100", "recall@1", "recall@10", "recall@100")
+HELD_OUT = "held-out"  # the row of the training data's own validation split (logged as val/<metric>)
+
+
+def metrics_by_set(flat: Mapping[str, float] | None, prefix: str = "val/") -> dict[str, dict[str, float]]:
+    """``{"val/ndcg@10": a, "val/scifact/ndcg@10": b}`` -> ``{"held-out": {"ndcg@10": a}, "scifact": {...}}``."""
+    by_set: dict[str, dict[str, float]] = {}
+    for key, value in (flat or {}).items():
+        if not key.startswith(prefix):
+            continue
+        name, _, metric = key[len(prefix):].rpartition("/")
+        by_set.setdefault(name or HELD_OUT, {})[metric] = float(value)
+    # the held-out split first, then the named sets in the order they were logged
+    return dict(sorted(by_set.items(), key=lambda item: item[0] != HELD_OUT))
+
+
+def metrics_table(after: Mapping[str, float] | None, before: Mapping[str, float] | None = None,
+                  sizes: Mapping[str, tuple[int, int]] | None = None) -> str:
+    """A markdown table: one row per set, a column per metric (and NDCG@10 before training, when given)."""
+    rows, old = metrics_by_set(after), metrics_by_set(before)
+    if not rows:
+        return "_no retrieval metrics_\n"
+    columns = ["set"] + (["queries", "docs"] if sizes else []) + ["ndcg@10"]
+    columns += ["ndcg@10 before"] if old else []
+    columns += [m for m in METRICS if m != "ndcg@10"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(["---"] + ["---:"] * (len(columns) - 1)) + "|"]
+    for name, values in rows.items():
+        cells = [name] + ([str(n) for n in sizes.get(name, ("", ""))] if sizes else [])
+        cells.append(_number(values.get("ndcg@10")))
+        cells += [_number(old.get(name, {}).get("ndcg@10"))] if old else []
+        cells += [_number(values.get(m)) for m in METRICS if m != "ndcg@10"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _number(value: float | None) -> str:
+    return "" if value is None else f"{value:.4f}"

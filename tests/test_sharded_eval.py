@@ -1,0 +1,103 @@
+"""Sharded evaluation: 2 gloo processes, each holding a distributed sampler's share, give the 1-process numbers."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.utils.data import DistributedSampler
+
+from gte_pro.evaluation import evaluate_distributed, evaluate_embeddings, owned_mask, rank_corpus, sharded_rank
+
+NUM_QUERIES, NUM_CORPUS, DIM = 40, 301, 16
+
+
+def _problem() -> tuple[torch.Tensor, torch.Tensor, list[set[int]]]:
+    """Queries near their relevant documents (non-trivial metrics), plus exact duplicate documents on both shards
+    (equal scores: the lower corpus index must win, whichever rank holds it)."""
+    gen = torch.Generator().manual_seed(0)
+    corpus = torch.randn(NUM_CORPUS, DIM, generator=gen)
+    corpus[250], corpus[251], corpus[7] = corpus[5], corpus[5], corpus[5]
+    relevant = [{(3 * i) % NUM_CORPUS, (3 * i + 250) % NUM_CORPUS} for i in range(NUM_QUERIES)]
+    queries = torch.stack([corpus[sorted(rel)[0]] for rel in relevant]) + 1.5 * torch.randn(NUM_QUERIES, DIM,
+                                                                                              generator=gen)
+    queries[0] = corpus[5]  # its top 4 are the duplicates, tied at cosine 1
+    return queries, corpus, relevant
+
+
+def _share(rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(signed ids, embeddings) that rank ``rank`` of ``world`` embeds: validation's item list, length-sorted order
+    stand-in (a fixed permutation), split by a DistributedSampler (which pads with repeats: 341 items, 2 ranks)."""
+    queries, corpus, _ = _problem()
+    ids = torch.cat([torch.arange(NUM_QUERIES), -torch.arange(NUM_CORPUS) - 1])
+    ids = ids[torch.randperm(len(ids), generator=torch.Generator().manual_seed(1))]
+    share = ids[list(DistributedSampler(range(len(ids)), num_replicas=world, rank=rank, shuffle=False))]
+    embeddings = torch.stack([queries[i] if i >= 0 else corpus[-i - 1] for i in share.tolist()])
+    return share, embeddings
+
+
+def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        ids, embeddings = _share(rank, world)
+        _, _, relevant = _problem()
+        metrics = evaluate_distributed(ids, embeddings, relevant, NUM_CORPUS)
+        # the ranking itself, from this rank's de-duplicated corpus shard
+        queries, _, _ = _problem()
+        keep = owned_mask(ids, NUM_QUERIES, NUM_CORPUS) & (ids < 0)
+        ranked = sharded_rank(queries, embeddings[keep], -ids[keep] - 1, NUM_CORPUS, top_k=100)
+        torch.save({"metrics": metrics, "ranked": ranked, "shard": int(keep.sum())}, Path(out_dir) / f"{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_processes_give_the_one_process_numbers(tmp_path: Path):
+    queries, corpus, relevant = _problem()
+    expected = evaluate_embeddings(queries, corpus, relevant)
+    expected_ranking = rank_corpus(queries, corpus, 100)
+    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    results = [torch.load(tmp_path / f"{rank}.pt", weights_only=False) for rank in range(2)]
+    # each rank ranked only its half of the corpus, yet both hold the global ranking and the same metrics
+    assert sum(r["shard"] for r in results) == NUM_CORPUS and max(r["shard"] for r in results) < 0.6 * NUM_CORPUS
+    for result in results:
+        assert torch.equal(result["ranked"], expected_ranking)
+        assert result["metrics"] == pytest.approx(expected, abs=1e-9)
+    assert 0.1 < expected["ndcg@10"] < 0.95  # a task with mistakes, so that a wrong merge would show
+
+
+def test_tied_duplicates_rank_by_lower_index():
+    queries, corpus, _ = _problem()
+    # documents 5, 7, 250, 251 are identical and query 0 is that document: index order breaks the tie
+    assert rank_corpus(queries[:1], corpus, 100)[0, :4].tolist() == [5, 7, 250, 251]
+    ids, embeddings = _share(0, 1)
+    keep = ids < 0
+    ranked = sharded_rank(queries[:1], embeddings[keep], -ids[keep] - 1, NUM_CORPUS, top_k=4)
+    assert ranked.tolist() == [[5, 7, 250, 251]]
+
+
+def test_one_process_matches_the_plain_evaluation_and_dedupes_repeats():
+    queries, corpus, relevant = _problem()
+    ids = torch.cat([torch.arange(NUM_QUERIES), -torch.arange(NUM_CORPUS) - 1, torch.tensor([0, -3])])
+    embeddings = torch.cat([queries, corpus, queries[:1], corpus[2:3]])  # two repeats, as a sampler pads
+    assert evaluate_distributed(ids, embeddings, relevant, NUM_CORPUS) == pytest.approx(
+        evaluate_embeddings(queries, corpus, relevant), abs=1e-9)
+
+
+def test_a_text_that_no_rank_embedded_is_an_error():
+    queries, corpus, relevant = _problem()
+    ids = torch.cat([torch.arange(NUM_QUERIES), -torch.arange(NUM_CORPUS - 1) - 1])
+    with pytest.raises(RuntimeError, match=f"embedded {NUM_QUERIES + NUM_CORPUS - 1} distinct texts, expected "
+                                           f"{NUM_QUERIES + NUM_CORPUS}"):
+        evaluate_distributed(ids, torch.cat([queries, corpus[:-1]]), relevant, NUM_CORPUS)

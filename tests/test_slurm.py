@@ -1,0 +1,89 @@
+"""Real SLURM (the one-node cluster of scripts/local_slurm.sh): sweeps of 2-task DDP jobs, preemption + requeue.
+
+CI starts the cluster before the tests (`bash scripts/local_slurm.sh start`); elsewhere these tests are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def _slurm_up() -> bool:
+    if not shutil.which("sinfo"):
+        return False
+    probe = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30)
+    return probe.returncode == 0 and any(s in probe.stdout for s in ("idle", "mix", "alloc"))
+
+
+pytestmark = pytest.mark.skipif(not _slurm_up(), reason="no SLURM cluster: run `bash scripts/local_slurm.sh start`")
+
+SWEEP = [sys.executable, "train.py", "-m", "hydra/launcher=slurm", "debug=fast", "strategy=ddp", "devices=2",
+         "logger=none", "callbacks.progress_bar=null"]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+
+def test_slurm_sweep_runs_each_job_as_a_two_task_ddp_job(tmp_path: Path, cache_dir: Path):
+    sweep = tmp_path / "sweep"
+    cmd = SWEEP + ["model.lr=1e-3,2e-3", f"hydra.sweep.dir={sweep}", f"paths.cache_dir={cache_dir}"]
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith(".")) == ["0", "1"]
+    for job in ("0", "1"):
+        assert json.loads((sweep / job / "metrics.json").read_text())["world_size"] == 2
+    rank_logs = "".join(p.read_text() for p in (sweep / ".submitit").rglob("*_log.err"))
+    assert rank_logs.count("GLOBAL_RANK: 0, MEMBER: 1/2") == 2 and rank_logs.count("GLOBAL_RANK: 1, MEMBER: 2/2") == 2
+    summary = (sweep / "summary.csv").read_text().splitlines()
+    assert len(summary) == 3 and "model.lr=0.001" in "".join(summary) and "model.lr=0.002" in "".join(summary)
+
+
+def _wait_for(pattern: str, folder: Path, timeout: float) -> tuple[str, Path]:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for log in folder.rglob("*_0_log.*"):
+            match = re.search(pattern, log.read_text(errors="replace"))
+            if match:
+                return match.group(0), log
+        time.sleep(1)
+    raise TimeoutError(f"no {pattern!r} in the logs under {folder} after {timeout}s")
+
+
+@pytest.mark.slow
+def test_preempted_job_checkpoints_requeues_and_resumes_to_the_same_final_step(tmp_path: Path, cache_dir: Path):
+    sweep = tmp_path / "preempt"
+    steps = 1500
+    cmd = SWEEP + [f"hydra.sweep.dir={sweep}", f"paths.cache_dir={cache_dir}", "trainer.limit_train_batches=null",
+                   f"trainer.max_steps={steps}", "trainer.max_epochs=-1", "data.max_train_rows=400",
+                   "callbacks.early_stopping=null"]  # the step count must not depend on when validation plateaus
+    launcher = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _, log = _wait_for(r"step [1-9]\d\d/1500", sweep / ".submitit", timeout=300)
+        job_id = log.parent.name.split("_")[0]
+        subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+        output, _ = launcher.communicate(timeout=600)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, output[-3000:]
+    logs = "".join(p.read_text(errors="replace") for p in (sweep / ".submitit").rglob("*_0_log.*"))
+    preempted_at = int(re.search(r"preempted at step (\d+)", logs).group(1))
+    assert 0 < preempted_at < steps
+    assert "resuming from" in logs and "last.ckpt" in logs
+    metrics = json.loads((sweep / "0" / "metrics.json").read_text())
+    assert metrics["resumed_from"].endswith("checkpoints/last.ckpt")
+    assert metrics["global_step"] == steps  # what an uninterrupted run ends at
+    states = subprocess.run(["sacct", "-j", job_id, "-D", "-X", "-n", "-o", "State"], capture_output=True,
+                            text=True).stdout
+    assert "REQUEUED" in states and "COMPLETED" in states
