@@ -28,7 +28,7 @@ test-slow: install
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m slow $(ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check gte_pro tests train.py benchmarks
+	$(VENV)/bin/ruff check gte_pro tests train.py benchmarks hydra_plugins
 
 # corpus encoding texts/s: our evaluation vs sentence-transformers' encode (~2 min on 2 CPU cores)
 # make bench-eval ARGS="--texts 1000 --batch-size 64 --max-length 256"

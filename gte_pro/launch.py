@@ -99,10 +99,20 @@ def check_devices_match_tasks(devices: Any, tasks_per_node: int | None) -> None:
         return
     if int(devices) != tasks_per_node:
         raise ValueError(
-            f"devices={devices} but the launcher started {tasks_per_node} task(s) per node: set "
+            f"devices={devices} but the launcher runs {tasks_per_node} task(s) per node: set "
             f"hydra.launcher.tasks_per_node={devices} (the launcher configs default it to ${{devices}}) "
             f"or devices={tasks_per_node}"
         )
+
+
+def _set_nccl_error_handling() -> None:
+    """On GPUs: a rank stuck in a collective (a dead peer, a rank still exporting) raises after the process-group
+    timeout (strategy.timeout) instead of hanging the job until the wall-clock limit. The user's values win."""
+    import torch
+
+    if torch.cuda.is_available():
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
 
 
 @contextlib.contextmanager
@@ -111,6 +121,7 @@ def job_scope(devices: Any) -> Iterator[None]:
     saved = {key: os.environ.get(key) for key in _DIST_ENV_KEYS}
     check_devices_match_tasks(devices, tasks_per_node_from_scheduler())
     _export_submitit_local_env()
+    _set_nccl_error_handling()
     patch_lightning_ddp_relaunch()
     try:
         yield
@@ -236,20 +247,12 @@ except ImportError:  # pragma: no cover - hydra < 1.1
 
 
 class SweepCallback(_HydraCallback):
-    """Hydra callback: validates launcher settings before a sweep, writes the summary after it."""
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        launcher = config.hydra.launcher
-        if "tasks_per_node" not in launcher:
-            return
-        swept = [o for o in config.hydra.overrides.task if o.split("=")[0].lstrip("+~") == "devices" and "," in o]
-        if swept:
-            raise ValueError(f"{swept[0]}: a submitit launcher requests the same tasks_per_node for every job, so "
-                             "devices cannot be swept with it; run one sweep per devices value")
-        check_devices_match_tasks(config.devices, int(launcher.tasks_per_node))
+    """Hydra callback: writes the sweep summary after a multirun (Hydra turns callback errors into warnings, so the
+    launcher checks live in the launcher classes below)."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
         if sweep_dir.is_dir():
             rows = summarize_sweep(sweep_dir, config.get("optimized_metric") or "val/ndcg@10")
             log.info("sweep summary (%d jobs): %s", len(rows), sweep_dir / "summary.csv")
+
