@@ -49,14 +49,24 @@ def gather_with_grad(x: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 class ContrastiveLoss(nn.Module):
-    """Shared plumbing: gathering across devices and candidate layout [positives; negatives]."""
+    """Shared plumbing: gathering across devices and candidate layout [positives; negatives].
 
-    def __init__(self, temperature: float = 0.05, gather_across_devices: bool = True) -> None:
+    ``mini_batch_size`` is not used by the loss itself: it tells the training step to compute this loss the cached
+    way (``gte_pro.gradcache``: embeddings in chunks of that many texts, same loss and gradients). It lives here
+    so that ``loss.*`` in the config describes the whole loss computation and ``instantiate(cfg.loss)`` keeps
+    working wherever it is called.
+    """
+
+    def __init__(self, temperature: float = 0.05, gather_across_devices: bool = True,
+                 mini_batch_size: int | None = None) -> None:
         super().__init__()
         if temperature <= 0:
             raise ValueError(f"loss.temperature must be > 0, got {temperature}")
+        if mini_batch_size is not None and mini_batch_size < 1:
+            raise ValueError(f"loss.mini_batch_size must be >= 1 or null, got {mini_batch_size}")
         self.temperature = float(temperature)
         self.gather_across_devices = bool(gather_across_devices)
+        self.mini_batch_size = None if mini_batch_size is None else int(mini_batch_size)
 
     def _gather(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
         return gather_with_grad(x) if self.gather_across_devices else (x, 0)
@@ -91,8 +101,9 @@ class GTELoss(ContrastiveLoss):
     Documents d_j range over all positives and hard negatives of the global batch.
     """
 
-    def __init__(self, temperature: float = 0.01, gather_across_devices: bool = True) -> None:
-        super().__init__(temperature, gather_across_devices)
+    def __init__(self, temperature: float = 0.01, gather_across_devices: bool = True,
+                 mini_batch_size: int | None = None) -> None:
+        super().__init__(temperature, gather_across_devices, mini_batch_size)
 
     def forward(
         self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None = None

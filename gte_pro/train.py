@@ -52,7 +52,16 @@ def build_strategy(cfg: DictConfig) -> Any:
 def build_trainer(cfg: DictConfig, callbacks: list[Callback], loggers: list[Logger]) -> Trainer:
     if not loggers:  # logger=none: the learning-rate monitor has nowhere to write and Lightning refuses it
         callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
-    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, strategy=build_strategy(cfg))
+    overrides: dict[str, Any] = {}
+    if cfg.loss.get("mini_batch_size"):
+        # the cached loss optimises by hand (ContrastiveModule), where Lightning refuses Trainer(gradient_clip_val):
+        # the module clips with the same value instead (build_module passes it)
+        overrides["gradient_clip_val"] = None
+        if (cfg.trainer.get("accumulate_grad_batches") or 1) > 1:
+            raise ValueError("loss.mini_batch_size (GradCache) and trainer.accumulate_grad_batches > 1 do not combine: "
+                             "raise data.batch_size instead (the cached loss keeps its memory at mini_batch_size)")
+    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, strategy=build_strategy(cfg),
+                       **overrides)
 
 
 def build_module(cfg: DictConfig, encoder: Encoder) -> ContrastiveModule:
@@ -64,6 +73,9 @@ def build_module(cfg: DictConfig, encoder: Encoder) -> ContrastiveModule:
         lr=cfg.model.lr,
         scheduler=instantiate(scheduler.fn) if scheduler else None,
         warmup_ratio=scheduler.warmup_ratio if scheduler else 0.0,
+        # used only by the cached loss's manual optimisation (automatic optimisation clips in the Trainer)
+        gradient_clip_val=cfg.trainer.get("gradient_clip_val"),
+        gradient_clip_algorithm=cfg.trainer.get("gradient_clip_algorithm") or "norm",
     )
 
 
