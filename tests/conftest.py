@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -54,6 +55,13 @@ def tokenizer():
     from gte_pro import packaged_minilm_path
 
     return AutoTokenizer.from_pretrained(packaged_minilm_path())
+
+
+def free_port() -> int:
+    """A free TCP port on loopback for a test's own process group."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def write_jsonl(path: Path, rows: list) -> Path:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from gte_pro import packaged_minilm_path
+from tests.conftest import free_port
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
         "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
@@ -74,17 +74,11 @@ def _rank_main(rank: int, world: int, port: int, name: str, with_negatives: bool
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.parametrize("with_negatives", [False, True], ids=["in-batch", "hard-negatives"])
 @pytest.mark.parametrize("name", ["infonce", "gte"])
 def test_two_ranks_with_gathered_negatives_equal_one_process_on_the_whole_batch(tmp_path: Path, name, with_negatives):
     out = tmp_path / "ddp.pt"
-    mp.spawn(_rank_main, args=(2, _free_port(), name, with_negatives, str(out)), nprocs=2, join=True)
+    mp.spawn(_rank_main, args=(2, free_port(), name, with_negatives, str(out)), nprocs=2, join=True)
     distributed = torch.load(out)
 
     encoder = _encoder()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ import torch.multiprocessing as mp
 from torch.utils.data import DistributedSampler
 
 from gte_pro.evaluation import evaluate_distributed, evaluate_embeddings, owned_mask, rank_corpus, sharded_rank
+from tests.conftest import free_port
 
 NUM_QUERIES, NUM_CORPUS, DIM = 40, 301, 16
 
@@ -57,17 +57,11 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_two_processes_give_the_one_process_numbers(tmp_path: Path):
     queries, corpus, relevant = _problem()
     expected = evaluate_embeddings(queries, corpus, relevant)
     expected_ranking = rank_corpus(queries, corpus, 100)
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     results = [torch.load(tmp_path / f"{rank}.pt", weights_only=False) for rank in range(2)]
     # each rank ranked only its half of the corpus, yet both hold the global ranking and the same metrics
     assert sum(r["shard"] for r in results) == NUM_CORPUS and max(r["shard"] for r in results) < 0.6 * NUM_CORPUS
