@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 log = logging.getLogger(__name__)
 
-_DIST_ENV_KEYS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GLOBAL_RANK",
+DIST_ENV_KEYS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GLOBAL_RANK",
                   "LOCAL_WORLD_SIZE", "PL_GLOBAL_SEED", "PL_SEED_WORKERS")
 
 
@@ -118,7 +118,7 @@ def _set_nccl_error_handling() -> None:
 @contextlib.contextmanager
 def job_scope(devices: Any) -> Iterator[None]:
     """Run one training job with a clean distributed environment, and leave one behind."""
-    saved = {key: os.environ.get(key) for key in _DIST_ENV_KEYS}
+    saved = {key: os.environ.get(key) for key in DIST_ENV_KEYS}
     check_devices_match_tasks(devices, tasks_per_node_from_scheduler())
     _export_submitit_local_env()
     _set_nccl_error_handling()
