@@ -64,15 +64,37 @@ def export_sentence_transformers(encoder: Encoder, folder: str | Path) -> Path:
     prompts = {"query": encoder.query_prefix, "document": encoder.doc_prefix}
     _write_json(tmp / "config_sentence_transformers.json",
                 {"prompts": prompts, "default_prompt_name": None, "similarity_fn_name": "cosine"})
-    if folder.exists():
-        shutil.rmtree(folder)
-    tmp.rename(folder)
+    _replace(tmp, folder)
     log.info("exported sentence-transformers model to %s", folder)
     return folder
 
 
 # --- plain Hugging Face layout ---------------------------------------------------------------------------------
 POOLING_FILE = "gte_pro_pooling.json"
+
+# The pooling code that <hf>/README.md documents. hf_embedder runs this very code, so the verification of the HF
+# export also proves the documentation right (one copy of the pooling logic outside gte_pro.model).
+_HF_POOLING_CODE = """import json, torch, torch.nn.functional as F
+from transformers import AutoModel, AutoTokenizer
+
+folder = {folder!r}
+settings = json.load(open(f"{{folder}}/{pooling_file}"))
+tokenizer, model = AutoTokenizer.from_pretrained(folder), AutoModel.from_pretrained(folder).eval()
+
+def embed(texts):
+    batch = tokenizer(list(texts), padding=True, truncation=True, max_length=settings["max_length"],
+                      return_tensors="pt")
+    with torch.inference_mode():
+        hidden = model(**batch).last_hidden_state
+    mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+    if settings["pooling"] == "mean":
+        emb = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+    elif settings["pooling"] == "cls":
+        emb = hidden[:, 0]
+    else:  # "last": the last real token (right padding)
+        emb = hidden[torch.arange(len(hidden)), batch["attention_mask"].sum(1) - 1]
+    return F.normalize(emb, dim=-1) if settings["normalize"] else emb
+"""
 
 _HF_README = """# Plain Hugging Face layout
 
@@ -81,23 +103,8 @@ pooled and normalised as `{pooling_file}` says (pooling `{pooling}`, normalize `
 {max_length}, query prefix {query_prefix!r}, document prefix {doc_prefix!r}):
 
 ```python
-import json, torch, torch.nn.functional as F
-from transformers import AutoModel, AutoTokenizer
-
-settings = json.load(open("{pooling_file}"))
-tokenizer, model = AutoTokenizer.from_pretrained("."), AutoModel.from_pretrained(".").eval()
-batch = tokenizer(texts, padding=True, truncation=True, max_length=settings["max_length"], return_tensors="pt")
-with torch.inference_mode():
-    hidden = model(**batch).last_hidden_state
-mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-if settings["pooling"] == "mean":
-    emb = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-elif settings["pooling"] == "cls":
-    emb = hidden[:, 0]
-else:  # "last": the last real token (right padding)
-    emb = hidden[torch.arange(len(hidden)), batch["attention_mask"].sum(1) - 1]
-if settings["normalize"]:
-    emb = F.normalize(emb, dim=-1)
+{code}
+embeddings = embed(["a query", "a document"])
 ```
 """
 
@@ -115,7 +122,8 @@ def export_hf(encoder: Encoder, folder: str | Path) -> Path:
     encoder.save(tmp)
     settings = pooling_settings(encoder)
     _write_json(tmp / POOLING_FILE, settings)
-    (tmp / "README.md").write_text(_HF_README.format(pooling_file=POOLING_FILE, **settings))
+    code = _HF_POOLING_CODE.format(folder=".", pooling_file=POOLING_FILE)
+    (tmp / "README.md").write_text(_HF_README.format(pooling_file=POOLING_FILE, code=code, **settings))
     _replace(tmp, folder)
     log.info("exported Hugging Face model to %s", folder)
     return folder
@@ -129,28 +137,10 @@ def _replace(tmp: Path, target: Path) -> None:
 
 
 def hf_embedder(folder: str | Path) -> Embedder:
-    """Embeddings as the HF folder's README documents them (plain transformers, no gte_pro code)."""
-    from transformers import AutoModel, AutoTokenizer
-
-    settings = json.loads((Path(folder) / POOLING_FILE).read_text())
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    model = AutoModel.from_pretrained(str(folder)).eval()
-
-    def embed(texts: Sequence[str]) -> torch.Tensor:
-        batch = tokenizer(list(texts), padding=True, truncation=True, max_length=settings["max_length"],
-                          return_tensors="pt")
-        with torch.inference_mode():
-            hidden = model(**batch).last_hidden_state
-        mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-        if settings["pooling"] == "mean":
-            emb = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-        elif settings["pooling"] == "cls":
-            emb = hidden[:, 0]
-        else:
-            emb = hidden[torch.arange(len(hidden)), batch["attention_mask"].sum(1) - 1]
-        return F.normalize(emb, dim=-1) if settings["normalize"] else emb
-
-    return embed
+    """Embeddings computed by the code the HF folder's README documents (plain transformers, no gte_pro code)."""
+    namespace: dict[str, Any] = {}
+    exec(_HF_POOLING_CODE.format(folder=str(folder), pooling_file=POOLING_FILE), namespace)  # our own template
+    return namespace["embed"]
 
 
 # --- ONNX --------------------------------------------------------------------------------------------------------

@@ -75,10 +75,11 @@ def test_automodel_with_the_documented_pooling_reproduces_the_module(release_run
     readme = (run / "hf" / "README.md").read_text()
     code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
     monkeypatch.chdir(run / "hf")
-    scope = {"texts": TEXTS}
+    scope: dict = {}
     exec(code, scope)
     assert json.loads((run / "hf" / "gte_pro_pooling.json").read_text())["pooling"] == "mean"
-    assert _min_cosine(scope["emb"], module_embeddings) >= 0.9999
+    assert scope["embeddings"].shape[0] == 2
+    assert _min_cosine(scope["embed"](TEXTS), module_embeddings) >= 0.9999
 
 
 def test_onnxruntime_reproduces_the_module_with_dynamic_shapes(release_run, module_embeddings):
