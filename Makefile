@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install train test test-slow test-all lint clean bench bench-eval bench-gradcache
+.PHONY: install train test test-slow test-all lint clean bench bench-eval bench-gradcache bench-scale
 
 # torch first and alone: the pinned CPU wheel; an open range would pull a multi-GB CUDA build
 $(VENV)/.installed: pyproject.toml
@@ -45,6 +45,11 @@ bench-gradcache: install
 # make bench ARGS="--steps 8 --rounds 3 --batch-size 32 --max-length 128"
 bench: install
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_train.py $(ARGS)
+
+# peak RSS and start-up for 10k vs 200k synthetic training pairs through train.py (token cache cold and warm;
+# ~15 min on 2 CPU cores, ~1 GB of files under --workdir)
+bench-scale: install
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_scale.py $(ARGS)
 
 clean:
 	rm -rf outputs multirun .pytest_cache .ruff_cache

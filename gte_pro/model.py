@@ -98,6 +98,8 @@ class Encoder(nn.Module):
         random_init_config: dict[str, Any] | None = None,
         query_prefix: str = "",
         doc_prefix: str = "",
+        gradient_checkpointing: bool = False,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         self.name_or_path = str(name_or_path)
@@ -140,6 +142,18 @@ class Encoder(nn.Module):
         self.max_length = int(max_length)
         self.query_prefix = query_prefix
         self.doc_prefix = doc_prefix
+        if gradient_checkpointing:
+            # recompute each layer's activations in backward: less memory for a large batch, ~30% more compute;
+            # non-reentrant checkpointing restores the RNG, so dropout masks match the forward pass
+            enable = getattr(self.backbone, "activation_checkpointing_enable", None)  # transformers >= 5.x name
+            if enable is not None:
+                enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                self.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if compile:
+            # in place (nn.Module.compile): parameter names, checkpoints and exports stay as without it;
+            # dynamic shapes, because dynamic padding gives every batch its own length
+            self.backbone.compile(dynamic=True)
         log.info("encoder %s: pooling=%s normalize=%s max_length=%d", self.name_or_path, self.pooling,
                  self.normalize, self.max_length)
 

@@ -31,6 +31,13 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(os.environ.get("GTE_PRO_TEST_CACHE") or tmp_path_factory.mktemp("cache"))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _cache_env(cache_dir: Path):
+    """Data modules built directly (not through conf/paths) keep their token caches in the session's folder."""
+    os.environ["GTE_PRO_CACHE"] = str(cache_dir)
+    yield
+
+
 @pytest.fixture
 def make_cfg(tmp_path: Path, cache_dir: Path) -> Callable[..., DictConfig]:
     """Compose conf/train.yaml with overrides, as `python train.py <overrides>` would, writing under tmp_path."""

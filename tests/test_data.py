@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gte_pro.data import DataError, DemoDataModule, HFDataModule, JsonlDataModule
-from gte_pro.data.datamodule import PairCollator, TrainPairs
+from gte_pro.data.datamodule import LengthGroupedSampler, PairCollator, TokenCollator, TokenizedPairs
 from gte_pro.data.records import Example, clean_examples, clean_text, read_pairs_jsonl
 from tests.conftest import write_jsonl
 
@@ -100,12 +100,113 @@ def test_batches_are_padded_to_the_longest_text_not_max_length(pairs_file: Path,
 
 
 def test_missing_negatives_are_filled_with_other_positives():
-    rows = [Example(f"q{i}", [f"p{i}"], ["hard"] if i == 0 else []) for i in range(5)]
-    pairs = TrainPairs(rows, num_negatives=2, seed=0)
+    import datasets
+
+    # token ids stand for texts: query i = [i], positive i = [100 + i], row 0's hard negative = [999]
+    rows = datasets.Dataset.from_dict({"query": [[i] for i in range(5)],
+                                       "positives": [[[100 + i]] for i in range(5)],
+                                       "negatives": [[[999]] if i == 0 else [] for i in range(5)]})
+    pairs = TokenizedPairs(rows, num_negatives=2, seed=0)
     query, positive, negatives = pairs[1]
-    assert (query, positive) == ("q1", "p1")
-    assert len(negatives) == 2 and all(n.startswith("p") and n != "p1" for n in negatives)
-    assert "hard" in pairs[0][2]
+    assert (query, positive) == ([1], [101])
+    assert len(negatives) == 2 and all(100 <= n[0] < 105 and n != [101] for n in negatives)
+    assert [999] in pairs[0][2]
+    batch = pairs.__getitems__([2, 3])  # the DataLoader's batched fetch draws the same way
+    assert [(q, p) for q, p, _ in batch] == [([2], [102]), ([3], [103])]
+
+
+def test_cached_token_batches_equal_tokenizing_the_texts(pairs_file: Path, tokenizer):
+    """The tensors from the token cache are exactly what tokenizing the texts in each batch gives."""
+    module = JsonlDataModule(train_file=str(pairs_file), tokenizer=tokenizer, batch_size=4, num_negatives=2,
+                             max_length=24, query_prefix="query: ", doc_prefix="passage: ")
+    module.setup("fit")
+    pairs = module.train_dataloader().dataset
+    indices = [0, 5, 7]
+    drawn = pairs.__getitems__(indices)
+    from_cache = TokenCollator(tokenizer)(drawn)
+    texts = []
+    for index, (_, _, negative_ids) in zip(indices, drawn, strict=True):
+        example = module.train_rows[index]
+        # the negatives are drawn in a random order: name each by the text it was tokenized from
+        by_ids = {tuple(tokenizer("passage: " + n, truncation=True, max_length=24)["input_ids"]): n
+                  for n in example.negatives}
+        texts.append((example.query, example.positives[0], [by_ids[tuple(ids)] for ids in negative_ids]))
+    from_texts = PairCollator(tokenizer, 24, query_prefix="query: ", doc_prefix="passage: ")(texts)
+    for side in ("query", "doc"):
+        assert from_cache[side].keys() == from_texts[side].keys()
+        for name, tensor in from_texts[side].items():
+            assert torch.equal(from_cache[side][name], tensor), (side, name)
+    assert from_cache["num_tokens"] == from_texts["num_tokens"]
+
+
+def test_token_cache_is_reused_and_rebuilt_when_the_file_changes(tmp_path: Path, pairs_file: Path, tokenizer,
+                                                                 monkeypatch):
+    from gte_pro.data import datamodule
+
+    builds = []
+    real_write = datamodule.write_tokenized
+    monkeypatch.setattr(datamodule, "write_tokenized", lambda *a, **k: builds.append(1) or real_write(*a, **k))
+    make = lambda: JsonlDataModule(train_file=str(pairs_file), tokenizer=tokenizer,  # noqa: E731
+                                   cache_dir=str(tmp_path / "c"), val_fraction=0.2)
+    first = make()
+    first.prepare_data()
+    first.setup("fit")
+    second = make()
+    second.setup("fit")
+    assert len(builds) == 1 and second.token_cache.folder == first.token_cache.folder
+    assert [ex.query for ex in second.train_rows] == [ex.query for ex in first.train_rows]
+    lines = pairs_file.read_text().splitlines()
+    pairs_file.write_text("\n".join(lines[:40]) + "\n")  # an edited file must not reuse the stale cache
+    third = make()
+    third.setup("fit")
+    assert len(builds) == 2 and third.token_cache.folder != first.token_cache.folder
+    assert len(third.train_rows) + len(third.retrieval.queries) == 40
+    assert not list((tmp_path / "c" / "tokenized").glob("*.tmp*"))  # no half-written build left behind
+
+
+def test_a_failed_build_leaves_no_cache(tmp_path: Path, tokenizer):
+    path = write_jsonl(tmp_path / "bad.jsonl", [{"query": "a real question", "positive": "a long enough answer"},
+                                                {"query": "q2", "positive": 3}])
+    module = JsonlDataModule(train_file=str(path), tokenizer=tokenizer, cache_dir=str(tmp_path / "c"))
+    with pytest.raises(DataError, match=r"bad\.jsonl, line 2: field 'positive'"):
+        module.setup("fit")
+    assert not any((tmp_path / "c" / "tokenized").iterdir())
+
+
+def test_length_grouped_sampler_is_a_deterministic_shuffled_permutation_of_similar_length_batches():
+    lengths = torch.randint(5, 300, (1000,), generator=torch.Generator().manual_seed(0)).numpy()
+    sampler = LengthGroupedSampler(lengths, batch_size=16, window_batches=10, seed=3)
+    first = list(sampler)
+    assert sorted(first) == list(range(1000)) and first == list(sampler)
+    sampler.set_epoch(1)
+    assert list(sampler) != first
+    batches = [first[i : i + 16] for i in range(0, 992, 16)]
+    spread = sum(int(lengths[b].max() - lengths[b].min()) for b in batches) / len(batches)
+    shuffled = torch.randperm(1000, generator=torch.Generator().manual_seed(1)).tolist()
+    random_spread = sum(int(lengths[shuffled[i : i + 16]].max() - lengths[shuffled[i : i + 16]].min())
+                        for i in range(0, 992, 16)) / 62
+    assert spread < 0.2 * random_spread
+    # batch order is shuffled: not longest-first across the epoch
+    maxima = [int(lengths[b].max()) for b in batches]
+    assert maxima != sorted(maxima, reverse=True)
+    assert len(first[992:]) == 8  # the one partial batch comes last, where drop_last drops it
+
+
+def test_group_by_length_loader_pads_less(tmp_path: Path, tokenizer):
+    rows = [{"query": f"question {i}", "positive": " ".join(["word"] * (5 + (i * 37) % 60))} for i in range(80)]
+    path = write_jsonl(tmp_path / "varied.jsonl", rows)
+
+    def padding(group: bool) -> float:
+        module = JsonlDataModule(train_file=str(path), tokenizer=tokenizer, batch_size=4, val_fraction=0.1,
+                                 group_by_length=group, length_window=8)
+        module.setup("fit")
+        real = padded = 0
+        for batch in module.train_dataloader():
+            real += int(batch["doc"]["attention_mask"].sum())
+            padded += batch["doc"]["input_ids"].numel()
+        return 1 - real / padded
+
+    assert padding(True) < padding(False)
 
 
 def test_collator_applies_prefixes(tokenizer):

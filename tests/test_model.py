@@ -54,3 +54,27 @@ def test_tiny_random_bert_uses_the_packaged_tokenizer():
 def test_bad_pooling_names_the_choices():
     with pytest.raises(ValueError, match="model.pooling='max' is not valid; valid choices: mean, cls, last"):
         Encoder(packaged_minilm_path(), pooling="max")
+
+
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
+    """Recomputing activations in backward must not change the training signal, dropout included."""
+    config = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+    texts = ["a short one", "a somewhat longer text to encode here", "third"]
+
+    def loss_and_grads(checkpointing: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        torch.manual_seed(0)
+        encoder = Encoder(packaged_minilm_path(), random_init_config=config, gradient_checkpointing=checkpointing)
+        backbone = encoder.backbone
+        active = getattr(backbone, "is_activation_checkpointing", None)
+        active = backbone.is_gradient_checkpointing if active is None else active
+        assert active == checkpointing and backbone.training
+        torch.manual_seed(1)  # the same dropout masks in both runs
+        loss = encoder(**encoder.tokenize(texts)).pow(3).sum()
+        loss.backward()
+        return loss.detach(), [p.grad for p in encoder.parameters() if p.grad is not None]
+
+    plain_loss, plain_grads = loss_and_grads(False)
+    ckpt_loss, ckpt_grads = loss_and_grads(True)
+    assert torch.allclose(plain_loss, ckpt_loss, atol=1e-6)
+    assert len(plain_grads) == len(ckpt_grads) > 0
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(plain_grads, ckpt_grads, strict=True))

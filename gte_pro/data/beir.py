@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
+from gte_pro.data.cache import file_signature
 from gte_pro.data.datamodule import ContrastiveDataModule, EvalCollator, EvalTexts
 from gte_pro.data.records import DataError, Example, clean_text, iter_jsonl
 from gte_pro.evaluation import RetrievalSet
@@ -258,11 +259,14 @@ class BeirDataModule(ContrastiveDataModule):
         self.val_splits = list(val_splits or [])
         self.max_distractors = max_distractors
 
-    def _rows(self, split: str, queries: dict[str, str], corpus: dict[str, str]) -> list[Example]:
+    def source_signature(self) -> Any:
+        return file_signature(self.path)
+
+    def _rows(self, split: str, queries: dict[str, str], corpus: dict[str, str]) -> Iterator[Example]:
         qrels = read_beir_qrels(self.path, split, queries, corpus)
         return self._clean(beir_examples(queries, corpus, qrels), f"{self.path}/qrels/{split}.tsv")
 
-    def load_rows(self) -> tuple[list[Example], list[Example] | None, list[str]]:
+    def load_rows(self) -> tuple[Iterable[Example], Iterable[Example] | None, list[str]]:
         corpus_ids, corpus_texts = read_beir_corpus(self.path)
         corpus = dict(zip(corpus_ids, corpus_texts, strict=True))
         queries = read_beir_queries(self.path)

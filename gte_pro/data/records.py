@@ -5,6 +5,7 @@ Every error names the file, the line and the field, so that a user can fix a 10 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -59,13 +60,14 @@ def clean_text(text: str) -> str:
     return _WHITESPACE.sub(" ", text).strip()
 
 
-def clean_examples(
-    examples: Iterable[Example], source: str, min_query_chars: int = 3, min_doc_chars: int = 10
-) -> tuple[list[Example], CleaningReport]:
-    """Clean texts, drop rows that cannot train anything, and count each reason."""
-    report = CleaningReport(source)
-    kept: list[Example] = []
-    seen: set[tuple[str, str]] = set()
+def iter_clean_examples(examples: Iterable[Example], report: CleaningReport, min_query_chars: int = 3,
+                        min_doc_chars: int = 10) -> Iterator[Example]:
+    """Clean texts, drop rows that cannot train anything (counting each reason in ``report``), one row at a time.
+
+    Duplicates are found by an 8-byte digest of (query, first positive), not the texts: the memory this takes is
+    ~100 bytes per row, whatever the texts' length.
+    """
+    seen: set[int] = set()
     for example in examples:
         report.read += 1
         query = clean_text(example.query)
@@ -76,14 +78,22 @@ def clean_examples(
         if not positives:
             report.dropped[f"no positive of {min_doc_chars}+ chars"] += 1
             continue
-        key = (query, positives[0])
+        key = int.from_bytes(hashlib.blake2b(f"{query}\0{positives[0]}".encode(), digest_size=8).digest(), "big")
         if key in seen:
             report.dropped["duplicate (query, positive)"] += 1
             continue
         seen.add(key)
         negatives = [n for n in (clean_text(n) for n in example.negatives) if len(n) >= min_doc_chars]
-        kept.append(Example(query, positives, [n for n in negatives if n not in positives]))
-    report.kept = len(kept)
+        report.kept += 1
+        yield Example(query, positives, [n for n in negatives if n not in positives])
+
+
+def clean_examples(
+    examples: Iterable[Example], source: str, min_query_chars: int = 3, min_doc_chars: int = 10
+) -> tuple[list[Example], CleaningReport]:
+    """Clean texts, drop rows that cannot train anything, and count each reason."""
+    report = CleaningReport(source)
+    kept = list(iter_clean_examples(examples, report, min_query_chars, min_doc_chars))
     return kept, report
 
 
@@ -130,9 +140,15 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
                 raise DataError(f"{path}, line {line_no}: invalid JSON ({err.msg} at column {err.colno})") from None
 
 
+def iter_pairs_jsonl(path: str | Path) -> Iterator[Example]:
+    """The records of a JSON-lines training file, validated, one at a time (the file is never held in memory)."""
+    for line_no, obj in iter_jsonl(path):
+        yield parse_record(obj, f"{path}, line {line_no}")
+
+
 def read_pairs_jsonl(path: str | Path) -> list[Example]:
     """All records of a JSON-lines training file, validated."""
-    return [parse_record(obj, f"{path}, line {line_no}") for line_no, obj in iter_jsonl(path)]
+    return list(iter_pairs_jsonl(path))
 
 
 def write_pairs_jsonl(examples: Iterable[Example], path: str | Path) -> None:

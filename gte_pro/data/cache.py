@@ -1,0 +1,165 @@
+"""Tokenize once: training rows -> a memory-mapped Arrow file of token ids, reused by every later run.
+
+A run tokenizes its training rows a chunk at a time while it streams them from the source, so building the cache
+holds one chunk in memory whatever the size of the data; training then reads rows from the memory-mapped file (the
+operating system pages them in and out), so a run's memory does not grow with the number of pairs. The folder name
+is a hash of everything the token ids depend on (the source files' size and time, the tokenizer, ``max_length``,
+prefixes, cleaning and split settings), so a changed input builds a new cache instead of reusing a stale one.
+
+Layout of ``<cache_dir>/tokenized/<key>/``: ``train.arrow`` (Arrow stream: token ids of the query, positives and
+negatives, the texts for inspection, and ``length`` = query + first positive tokens) and ``meta.json`` (row count,
+cleaning reports, the held-out validation rows and distractor documents). Both are written to a temporary folder
+that is renamed into place, so an interrupted build never leaves half a cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import pyarrow as pa
+from transformers import PreTrainedTokenizerBase
+
+from gte_pro.data.records import Example
+
+FORMAT_VERSION = 1
+TOKEN_COLUMNS = ["query", "positives", "negatives"]
+_IDS = pa.list_(pa.int32())
+SCHEMA = pa.schema([
+    ("query", _IDS), ("positives", pa.list_(_IDS)), ("negatives", pa.list_(_IDS)), ("length", pa.int32()),
+    ("query_text", pa.string()), ("positive_texts", pa.list_(pa.string())), ("negative_texts", pa.list_(pa.string())),
+])
+
+
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """A hash of what decides the token ids: the full tokenizer definition, not just its name."""
+    digest = hashlib.sha1(f"{type(tokenizer).__name__}|{len(tokenizer)}|{tokenizer.name_or_path}".encode())
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:  # fast tokenizers: vocabulary, normaliser, pre-tokeniser and post-processor in one JSON
+        definition = json.loads(backend.to_str())
+        # minus the per-call state: a call with truncation=True/max_length=... changes these two fields
+        definition.pop("truncation", None)
+        definition.pop("padding", None)
+        digest.update(json.dumps(definition, sort_keys=True).encode())
+    else:
+        digest.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    return digest.hexdigest()
+
+
+def file_signature(*paths: str | Path) -> list[Any]:
+    """(absolute path, size, modification time) of each file, or of each file under a folder: cheap to compute
+    on every start, and any edit of the data changes it."""
+    signature: list[Any] = []
+    for path in map(Path, paths):
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for file in files:
+            stat = file.stat()
+            signature.append([str(file.resolve()), stat.st_size, stat.st_mtime_ns])
+    return signature
+
+
+def cache_key(parts: dict[str, Any]) -> str:
+    return hashlib.sha1(json.dumps({"version": FORMAT_VERSION, **parts}, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _chunks(rows: Iterable[Example], size: int) -> Iterator[list[Example]]:
+    chunk: list[Example] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+class _Tokenize:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_length: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+
+    def __call__(self, texts: list[str]) -> list[list[int]]:
+        if not texts:
+            return []
+        return self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"]
+
+    def nested(self, lists: list[list[str]], prefix: str) -> list[list[list[int]]]:
+        """Token ids of a list of lists of texts, tokenized as one flat batch (much faster than one call each)."""
+        flat = self([prefix + text for texts in lists for text in texts])
+        out, start = [], 0
+        for texts in lists:
+            out.append(flat[start : start + len(texts)])
+            start += len(texts)
+        return out
+
+
+def write_tokenized(rows: Iterable[Example], path: Path, tokenizer: PreTrainedTokenizerBase, max_length: int,
+                    query_prefix: str = "", doc_prefix: str = "", chunk_size: int = 2048) -> int:
+    """Stream ``rows`` into an Arrow file of token ids (``chunk_size`` rows in memory at a time); returns the count."""
+    tokenize = _Tokenize(tokenizer, max_length)
+    count = 0
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
+        for chunk in _chunks(rows, chunk_size):
+            queries = tokenize([query_prefix + ex.query for ex in chunk])
+            positives = tokenize.nested([ex.positives for ex in chunk], doc_prefix)
+            negatives = tokenize.nested([ex.negatives for ex in chunk], doc_prefix)
+            lengths = [len(q) + len(p[0]) for q, p in zip(queries, positives, strict=True)]
+            writer.write_batch(pa.record_batch([
+                pa.array(queries, _IDS), pa.array(positives, pa.list_(_IDS)), pa.array(negatives, pa.list_(_IDS)),
+                pa.array(lengths, pa.int32()), pa.array([ex.query for ex in chunk], pa.string()),
+                pa.array([ex.positives for ex in chunk], pa.list_(pa.string())),
+                pa.array([ex.negatives for ex in chunk], pa.list_(pa.string())),
+            ], schema=SCHEMA))
+            count += len(chunk)
+    return count
+
+
+class TokenizedCache:
+    """An opened cache folder: the memory-mapped rows and the metadata written with them."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.meta: dict[str, Any] = json.loads((folder / "meta.json").read_text())
+        # from_file memory-maps the Arrow file: nothing is read until a row is accessed
+        self.table = datasets.Dataset.from_file(str(folder / "train.arrow"))
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def token_rows(self) -> datasets.Dataset:
+        return self.table.select_columns(TOKEN_COLUMNS)
+
+    def lengths(self) -> np.ndarray:
+        return self.table.with_format("numpy")["length"]
+
+    def example(self, index: int) -> Example:
+        row = self.table.select_columns(["query_text", "positive_texts", "negative_texts"])[index]
+        return Example(row["query_text"], row["positive_texts"], row["negative_texts"])
+
+    def validation(self) -> tuple[list[Example], list[str]]:
+        val = [Example(q, positives, negatives) for q, positives, negatives in self.meta["val"]]
+        return val, self.meta["distractors"]
+
+
+def publish(tmp: Path, folder: Path) -> None:
+    """Rename a finished build into place; if another process (a DDP rank on another node) won, keep theirs."""
+    try:
+        tmp.rename(folder)
+    except OSError:
+        if not (folder / "meta.json").is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def temporary_folder(folder: Path) -> Path:
+    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
