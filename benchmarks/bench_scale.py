@@ -71,14 +71,36 @@ def setup_worker(train_file: str, val_file: str, cache_dir: str, max_length: int
     module.prepare_data()
     module.setup("fit")
     batch = next(iter(module.train_dataloader()))
-    print("SETUP " + json.dumps({"seconds": time.perf_counter() - start, "rows": len(module.train_rows),
-                                 "batch": list(batch["doc"]["input_ids"].shape)}))
+    seconds = time.perf_counter() - start
+    print("SETUP " + json.dumps({"seconds": seconds, "rows": len(module.train_rows),
+                                 "batch": list(batch["doc"]["input_ids"].shape), **_collation_ms(module)}))
 
 
-def _setup_seconds(train: Path, val: Path, cache: Path, args: argparse.Namespace, env: dict[str, str]) -> float:
+def _collation_ms(module, batches: int = 50) -> dict[str, float]:
+    """Per-batch cost of making the input tensors: tokenizing the texts each step (what the training loop did
+    before the token cache) vs padding cached ids (now), on the same batches."""
+    from gte_pro.data.datamodule import PairCollator, TokenCollator
+
+    size = module.batch_size
+    rows = [module.train_rows[i] for i in range(batches * size)]
+    texts = [(ex.query, ex.positives[0], []) for ex in rows]
+    pairs = module.train_dataloader().dataset
+    to_text = PairCollator(module.tokenizer, module.max_length)
+    to_ids = TokenCollator(module.tokenizer)
+    start = time.perf_counter()
+    for b in range(batches):
+        to_text(texts[b * size : (b + 1) * size])
+    text_ms = (time.perf_counter() - start) / batches * 1000
+    start = time.perf_counter()
+    for b in range(batches):
+        to_ids(pairs.__getitems__(list(range(b * size, (b + 1) * size))))  # includes the memory-mapped read
+    return {"tokenize_ms": text_ms, "cached_ms": (time.perf_counter() - start) / batches * 1000}
+
+
+def _setup(train: Path, val: Path, cache: Path, args: argparse.Namespace, env: dict[str, str]) -> dict:
     cmd = [sys.executable, __file__, "--setup-worker", str(train), str(val), str(cache), str(args.max_length)]
     out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=True).stdout
-    return json.loads(next(ln for ln in out.splitlines() if ln.startswith("SETUP "))[6:])["seconds"]
+    return json.loads(next(ln for ln in out.splitlines() if ln.startswith("SETUP "))[6:])
 
 
 def measure(size: int, args: argparse.Namespace, val: Path, env: dict[str, str]) -> list[dict]:
@@ -98,7 +120,9 @@ def measure(size: int, args: argparse.Namespace, val: Path, env: dict[str, str])
         seconds, rss = _run(cmd, env, work / f"log_{size}_{phase}.txt")
         rows.append({"pairs": size, "phase": phase, "wall_s": seconds, "peak_rss_mb": rss})
         print(f"{size} pairs, {phase}: {seconds:.0f} s, peak RSS {rss:.0f} MB", file=sys.stderr)
-    rows.append({"pairs": size, "phase": "setup", "setup_s": _setup_seconds(train, val, cache, args, env),
+    setup = _setup(train, val, cache, args, env)
+    rows.append({"pairs": size, "phase": "setup", "setup_s": setup["seconds"], "tokenize_ms": setup["tokenize_ms"],
+                 "cached_ms": setup["cached_ms"],
                  "cache_mb": sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()) / 2**20,
                  "file_mb": train.stat().st_size / 2**20})
     return rows
@@ -145,6 +169,9 @@ def _print_table(rows: list[dict], args: argparse.Namespace) -> None:
         for phase in ("cold", "warm"):
             ratio = large[phase]["peak_rss_mb"] / small[phase]["peak_rss_mb"]
             print(f"\npeak RSS {phase}, {sizes[-1]:,} vs {sizes[0]:,} pairs: {ratio:.3f}x ({(ratio - 1) * 100:+.1f}%)")
+    last = by_size[sizes[-1]]["setup"]
+    print(f"\ninput tensors per batch of 32 pairs: tokenizing the texts {last['tokenize_ms']:.1f} ms, "
+          f"padding cached ids {last['cached_ms']:.1f} ms (incl. the memory-mapped read)")
 
 
 if __name__ == "__main__":

@@ -97,3 +97,13 @@ def test_gte_loss_with_hard_negatives_trains(make_cfg, tmp_path, pairs_file):
     value = train(cfg)
     assert 0.0 <= value <= 1.0
     assert (tmp_path / "gte" / "model" / "modules.json").is_file()
+
+
+def test_run_stopping_mid_epoch_with_length_grouped_batches(make_cfg, tmp_path):
+    """trainer.max_steps inside the first epoch: the default callbacks (early stopping on val/ndcg@10) must not
+    fail for want of a validation at the epoch's end."""
+    cfg = make_cfg(["debug=fast", "logger=none", "trainer.max_steps=2", "data.group_by_length=true",
+                    "data.length_window=2"], output_dir=tmp_path / "mid")
+    value = train(cfg)
+    metrics = json.loads((tmp_path / "mid" / "metrics.json").read_text())
+    assert metrics["global_step"] == 2 and value == pytest.approx(metrics["val"]["val/ndcg@10"])
