@@ -84,6 +84,20 @@ def test_preempted_job_checkpoints_requeues_and_resumes_to_the_same_final_step(t
     metrics = json.loads((sweep / "0" / "metrics.json").read_text())
     assert metrics["resumed_from"].endswith("checkpoints/last.ckpt")
     assert metrics["global_step"] == steps  # what an uninterrupted run ends at
-    states = subprocess.run(["sacct", "-j", job_id, "-D", "-X", "-n", "-o", "State"], capture_output=True,
-                            text=True).stdout
+    states = _job_states(job_id, until="COMPLETED", timeout=120)
     assert "REQUEUED" in states and "COMPLETED" in states
+
+
+def _job_states(job_id: str, until: str, timeout: float) -> str:
+    """The job's states in the accounting database, all its requeued runs (-D) included.
+
+    The launcher returns as soon as the job has written its result, a moment before slurmctld reports the end to
+    slurmdbd, so accounting can still say RUNNING: poll until `until` shows up.
+    """
+    deadline = time.time() + timeout
+    while True:
+        states = subprocess.run(["sacct", "-j", job_id, "-D", "-X", "-n", "-o", "State"], capture_output=True,
+                                text=True).stdout
+        if until in states or time.time() > deadline:
+            return states
+        time.sleep(2)
