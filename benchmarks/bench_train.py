@@ -1,256 +1,659 @@
-"""Training throughput: this project's loop vs sentence-transformers' trainer vs a plain PyTorch loop vs the seed
-article's recipe, on the same model, texts, batch size, max length and steps.
+"""Training throughput (and, with --eval, quality at equal steps): this project's training path vs a plain PyTorch
+loop vs sentence-transformers' trainer vs the seed article's recipe, on the same model, data, batch size, max length,
+learning rate, schedule, gradient clipping, seed and number of steps.
 
-Each measurement runs in a fresh subprocess (peak RSS is per variant), variants are interleaved (A B C D, A B C D,
-...) and medians are reported. Usage::
+Usage::
 
-    python benchmarks/bench_train.py [--pairs 320] [--batch-size 32] [--max-length 128] [--steps 8] [--rounds 3]
+    python benchmarks/bench_train.py [--batch-size 32] [--max-length 128] [--steps 8] [--rounds 3]
+        [--variants ours,plain,st,seed] [--precision 32-true|bf16-mixed] [--eval [--eval-queries N]]
+        [--pairs-file pairs.jsonl] [--timeout 900] [--json results.json]
 
-Variants:
-  ours        gte_pro's ContrastiveModule in a Lightning Trainer (dynamic padding, InfoNCE, AdamW)
-  st          sentence-transformers' SentenceTransformerTrainer + MultipleNegativesRankingLoss
-  plain       a hand-written PyTorch loop: same encoder, collation, loss and optimizer (the framework-overhead floor)
-  seed        the seed article's recipe: pad every text to max_length=512, CLS pooling + a projection head
+    # ablations: extra Hydra overrides for a config-built variant, named in the table by the spec string
+    python benchmarks/bench_train.py \
+        --variants "ours,plain,ours:model.attn_implementation=eager,ours:optimizer.fused=true"
+
+Variants (spec ``kind[:key=value[:key=value...]]``; overrides apply to ours, plain and seed; values may not contain
+``:`` or ``,``):
+
+  ours   the product path: conf/train.yaml composed with Hydra (as ``python train.py`` does; logger=none,
+         callbacks=none, no checkpointing, validation or export), gte_pro.train's builders, ``trainer.fit``
+  plain  a hand-written PyTorch loop over exactly the same batches (same composed config, same seed, the data
+         module's own train_dataloader), same encoder, loss, AdamW parameter groups, schedule and clipping; no
+         Lightning: the framework-overhead floor
+  st     sentence-transformers' SentenceTransformerTrainer + MultipleNegativesRankingLoss on the same pairs, with
+         its own seeded random sampler (as its users run it)
+  seed   the seed article's recipe: every text padded to 512 tokens, CLS pooling + a linear projection head
+
+Each measurement runs in a fresh subprocess (peak RSS is per variant); rounds are interleaved (A B C D, A B C D, ...)
+and medians are reported. The first ``WARMUP_STEPS`` steps are trained but not timed. A variant that fails (an
+exception, a non-zero exit, the OOM killer, ``--timeout``) is recorded with its reason and the other variants go on.
+
+With ``--eval`` each trained model is saved in sentence-transformers layout and scored by one evaluator, in its own
+subprocess: ``gte_pro.model.Encoder(folder)`` embeds the held-out validation set of the composed data config (the demo
+corpus by default) and ``gte_pro.evaluation.evaluate_embeddings`` computes NDCG@10 and Recall@10. The untrained model
+is scored once for reference. The seed recipe's projection head has no sentence-transformers form: it is not scored.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import re
 import resource
+import shlex
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-VARIANTS = ("ours", "st", "plain", "seed")
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+KINDS = ("ours", "plain", "st", "seed")
+CONFIG_KINDS = ("ours", "plain", "seed")  # built from the composed Hydra config; accept overrides
 WARMUP_STEPS = 2
+SEED_RECIPE_LENGTH = 512
+MB = 2**20
 
 
-# --- shared pieces (run inside the worker subprocess) -----------------------------------------------------------
-def _pairs(n: int) -> list[tuple[str, str]]:
-    from gte_pro.data.demo import load_demo_splits
-
-    splits = load_demo_splits(os.environ.get("GTE_PRO_CACHE", "~/.cache/gte_pro"), val_fraction=0.1,
-                              min_query_chars=10, min_doc_chars=40, max_distractors=1000)
-    return [(ex.query, ex.positives[0]) for ex in splits.train[:n]]
+@dataclass(frozen=True)
+class Variant:
+    spec: str
+    kind: str
+    overrides: tuple[str, ...] = ()
 
 
-def _non_embedding_params(model) -> int:
-    return sum(p.numel() for name, p in model.named_parameters() if "embeddings" not in name)
+def parse_variants(text: str) -> list[Variant]:
+    """``"ours,plain,ours:model.attn_implementation=eager"`` -> variants (duplicates dropped, order kept)."""
+    variants: dict[str, Variant] = {}
+    for spec in (s.strip() for s in text.split(",") if s.strip()):
+        kind, *overrides = spec.split(":")
+        if kind not in KINDS:
+            raise SystemExit(f"unknown variant {kind!r} in {spec!r}; valid: {', '.join(KINDS)}")
+        if overrides and kind not in CONFIG_KINDS:
+            raise SystemExit(f"{spec!r}: only {', '.join(CONFIG_KINDS)} take Hydra overrides")
+        if bad := [o for o in overrides if "=" not in o]:
+            raise SystemExit(f"{spec!r}: overrides must be key=value, got {bad}")
+        variants.setdefault(spec, Variant(spec, kind, tuple(overrides)))
+    if not variants:
+        raise SystemExit("--variants is empty")
+    return list(variants.values())
 
 
-class _StepClock:
-    """Wall time of the steps after the warm-up ones, and the tokens those steps processed."""
+# --- the composed config (worker side) -----------------------------------------------------------------------------
+def base_overrides(opts: argparse.Namespace) -> list[str]:
+    """Hydra overrides every variant shares: the benchmark's sizes, and no logging, checkpoints or validation."""
+    overrides = [
+        f"seed={opts.seed}", f"data.batch_size={opts.batch_size}", f"data.max_length={opts.max_length}",
+        f"trainer.max_steps={opts.steps + WARMUP_STEPS}", "trainer.max_epochs=-1", f"precision={opts.precision}",
+        "logger=none", "callbacks=none", "trainer.num_sanity_val_steps=0", "++trainer.limit_val_batches=0",
+        "++trainer.enable_checkpointing=false", "++trainer.enable_progress_bar=false",
+        "++trainer.enable_model_summary=false",
+    ]
+    if opts.pairs_file:
+        overrides += ["data=jsonl", f"data.train_file={Path(opts.pairs_file).resolve()}"]
+    if opts.pairs:
+        overrides.append(f"data.max_train_rows={opts.pairs}")
+    return overrides
+
+
+def compose_cfg(opts: argparse.Namespace, extra: list[str] | tuple[str, ...] = ()) -> Any:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import open_dict
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=base_overrides(opts) + list(extra))
+    with open_dict(cfg):
+        cfg.paths.output_dir = opts.work_dir  # normally Hydra's run folder; nothing is written there
+    return cfg
+
+
+def build_datamodule(cfg: Any, tokenizer: Any, query_prefix: str = "", doc_prefix: str = "") -> Any:
+    """The data module exactly as gte_pro.train builds it."""
+    from hydra.utils import instantiate
+
+    return instantiate(cfg.data, tokenizer=tokenizer, query_prefix=query_prefix, doc_prefix=doc_prefix,
+                       seed=cfg.seed)
+
+
+def device_of() -> Any:
+    import torch
+
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def autocast(opts: argparse.Namespace) -> Any:
+    import torch
+
+    if opts.precision == "bf16-mixed":
+        return torch.autocast(device_of().type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+# --- measurement helpers (worker side) ----------------------------------------------------------------------------
+class StepClock:
+    """Per step: wall time at its end (after a device sync), real and padded tokens, loss. Warm-up steps are
+    recorded but not counted."""
 
     def __init__(self) -> None:
         self.times: list[float] = []
-        self.real_tokens = 0
-        self.padded_tokens = 0
+        self.real: list[int] = []
+        self.padded: list[int] = []
+        self.losses: list[float] = []
 
-    def tick(self) -> None:
+    def tick(self, real: int, padded: int, loss: Any) -> None:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
         self.times.append(time.perf_counter())
+        self.real.append(int(real))
+        self.padded.append(int(padded))
+        self.losses.append(float(loss))
 
-    def count(self, step: int, real: int, padded: int) -> None:
-        if step >= WARMUP_STEPS:
-            self.real_tokens += real
-            self.padded_tokens += padded
+    def summary(self, batch_size: int, params: int) -> dict[str, Any]:
+        if len(self.times) <= WARMUP_STEPS:
+            raise RuntimeError(f"only {len(self.times)} steps ran: too little data for the requested steps?")
+        seconds = self.times[-1] - self.times[WARMUP_STEPS - 1]
+        steps = len(self.times) - WARMUP_STEPS
+        real, padded = sum(self.real[WARMUP_STEPS:]), sum(self.padded[WARMUP_STEPS:])
+        return {
+            "measured_steps": steps, "seconds": seconds, "samples_per_s": steps * batch_size / seconds,
+            "real_tokens_per_s": real / seconds, "padding_fraction": 1 - real / max(padded, 1),
+            # forward + backward ~ 6 FLOPs per parameter per token; padded positions are computed too
+            "gflops": 6 * params * padded / seconds / 1e9, "losses": self.losses,
+            "step_seconds": [b - a for a, b in zip(self.times, self.times[1:], strict=False)],
+        }
 
-    def seconds(self) -> float:
-        return self.times[-1] - self.times[WARMUP_STEPS - 1]
+
+def token_counts(*features: dict[str, Any]) -> tuple[int, int]:
+    """(real, padded) tokens of tokenized batches."""
+    return (sum(int(f["attention_mask"].sum()) for f in features), sum(f["input_ids"].numel() for f in features))
 
 
-def _batches(pairs, batch_size: int):
-    for start in range(0, len(pairs) - batch_size + 1, batch_size):
-        yield pairs[start : start + batch_size]
+def fingerprint(*features: dict[str, Any]) -> str:
+    """A hash of the input ids of a batch: equal batches, equal fingerprints."""
+    digest = hashlib.sha1()
+    for f in features:
+        ids = f["input_ids"].detach().cpu().contiguous()
+        digest.update(str(tuple(ids.shape)).encode() + ids.numpy().tobytes())
+    return digest.hexdigest()[:12]
 
 
-def _run_plain(args, pairs, seed_recipe: bool) -> dict:
+def non_embedding_params(model: Any) -> int:
+    return sum(p.numel() for name, p in model.named_parameters() if "embeddings" not in name)
+
+
+def peak_memory() -> dict[str, float | None]:
     import torch
 
-    from gte_pro import packaged_minilm_path
-    from gte_pro.losses import InfoNCELoss
-    from gte_pro.model import Encoder
+    gpu = torch.cuda.max_memory_allocated() / MB if torch.cuda.is_available() else None
+    return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "peak_gpu_mb": gpu}
 
-    torch.manual_seed(0)
-    encoder = Encoder(packaged_minilm_path(), max_length=512 if seed_recipe else args.max_length,
-                      pooling="cls" if seed_recipe else None)
-    head = torch.nn.Linear(encoder.dim, encoder.dim) if seed_recipe else torch.nn.Identity()
-    params = list(encoder.parameters()) + list(head.parameters())
-    optimizer = torch.optim.AdamW(params, lr=2e-5)
-    loss_fn = InfoNCELoss(0.05)
-    # the seed recipe pads every text to 512 tokens; the plain loop pads each batch to its longest text
-    padding = {"padding": "max_length", "max_length": 512} if seed_recipe else {"padding": True,
-                                                                                "max_length": args.max_length}
-    clock = _StepClock()
-    step = 0
-    while step < args.steps + WARMUP_STEPS:
-        for batch in _batches(pairs, args.batch_size):
-            if step >= args.steps + WARMUP_STEPS:
-                break
-            q = encoder.tokenizer([p[0] for p in batch], truncation=True, return_tensors="pt", **padding)
-            d = encoder.tokenizer([p[1] for p in batch], truncation=True, return_tensors="pt", **padding)
-            clock.count(step, int(q["attention_mask"].sum() + d["attention_mask"].sum()),
-                        q["input_ids"].numel() + d["input_ids"].numel())
-            qe = torch.nn.functional.normalize(head(encoder(**q)), dim=-1)
-            de = torch.nn.functional.normalize(head(encoder(**d)), dim=-1)
-            loss = loss_fn(qe, de).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            clock.tick()
+
+def seed_and_precision(cfg: Any) -> None:
+    """What gte_pro.train does first: the same RNG state, the same fp32 matmul precision, in every variant."""
+    import torch
+    from lightning.pytorch import seed_everything
+
+    seed_everything(cfg.seed, workers=True)
+    torch.set_float32_matmul_precision(cfg.get("matmul_precision", "high"))
+
+
+# --- ours: the product path ---------------------------------------------------------------------------------------
+def run_ours(opts: argparse.Namespace, variant: Variant) -> dict[str, Any]:
+    from lightning.pytorch import Callback
+
+    from gte_pro.export import export_sentence_transformers
+    from gte_pro.train import build_encoder, build_module, build_trainer, instantiate_dict
+
+    cfg = compose_cfg(opts, variant.overrides)
+    clock, first = StepClock(), {}
+
+    class Clock(Callback):
+        def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            if "batch" not in first:
+                first["batch"] = fingerprint(batch["query"], batch["doc"])
+            clock.tick(*token_counts(batch["query"], batch["doc"]), outputs["loss"])
+
+    seed_and_precision(cfg)
+    encoder = build_encoder(cfg)
+    datamodule = build_datamodule(cfg, encoder.tokenizer, encoder.query_prefix, encoder.doc_prefix)
+    module = build_module(cfg, encoder)
+    trainer = build_trainer(cfg, [*instantiate_dict(cfg.get("callbacks")), Clock()], [])
+    trainer.fit(module, datamodule=datamodule)
+    result = {**clock.summary(cfg.data.batch_size, non_embedding_params(encoder.backbone)), **peak_memory(),
+              "first_batch": first.get("batch")}
+    if opts.save_dir:
+        export_sentence_transformers(module.encoder, opts.save_dir)
+    return result
+
+
+# --- plain and seed: hand-written loops over the same data module ---------------------------------------------------
+def epochs(loader: Any, total_steps: int) -> Iterator[dict[str, Any]]:
+    """``total_steps`` batches, iterating the loader again (a new permutation) after each epoch, and telling
+    samplers that have one the epoch number, as Lightning does."""
+    step, epoch = 0, 0
+    while step < total_steps:
+        for sampler in {id(s): s for s in (loader.sampler, loader.batch_sampler,
+                                           getattr(loader.batch_sampler, "sampler", None))}.values():
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(epoch)
+        epoch += 1
+        for batch in loader:
+            if step == total_steps:
+                return
+            yield batch
             step += 1
-    return {"clock": clock, "params": _non_embedding_params(encoder.backbone)}
 
 
-def _run_ours(args, pairs) -> dict:
-    import lightning.pytorch as pl
+def pad_to(features: dict[str, Any], length: int, pad_id: int) -> dict[str, Any]:
+    """The seed recipe: every batch padded to ``length`` positions (the attention mask marks them as padding)."""
+    import torch.nn.functional as F
+
+    return {k: F.pad(v, (0, length - v.shape[1]), value=pad_id if k == "input_ids" else 0) for k, v in
+            features.items()}
+
+
+def make_scheduler(cfg: Any, optimizer: Any, total_steps: int) -> Any:
+    """The configured schedule, as ContrastiveModule.configure_optimizers builds it (None: constant lr)."""
+    import inspect
+
+    from hydra.utils import instantiate
+
+    if not cfg.get("scheduler"):
+        return None
+    factory = instantiate(cfg.scheduler.fn)
+    kwargs: dict[str, Any] = {"num_warmup_steps": int(cfg.scheduler.warmup_ratio * total_steps)}
+    if "num_training_steps" in inspect.signature(factory).parameters:
+        kwargs["num_training_steps"] = total_steps
+    return factory(optimizer, **kwargs)
+
+
+def run_plain(opts: argparse.Namespace, variant: Variant, seed_recipe: bool = False) -> dict[str, Any]:
     import torch
+    import torch.nn.functional as F
+    from hydra.utils import instantiate
 
-    from gte_pro import packaged_minilm_path
-    from gte_pro.data.datamodule import ContrastiveDataModule
-    from gte_pro.data.records import Example
-    from gte_pro.losses import InfoNCELoss
-    from gte_pro.model import Encoder
-    from gte_pro.module import ContrastiveModule
+    from gte_pro.export import export_sentence_transformers
+    from gte_pro.module import param_groups
+    from gte_pro.train import build_encoder
 
-    class Pairs(ContrastiveDataModule):
-        def load_rows(self):
-            rows = [Example(q, [p]) for q, p in pairs]
-            return rows, rows[:8], []
+    recipe = [f"data.max_length={SEED_RECIPE_LENGTH}", "model.pooling=cls"] if seed_recipe else []
+    cfg = compose_cfg(opts, [*recipe, *variant.overrides])
+    if cfg.loss.get("mini_batch_size"):
+        raise ValueError("plain/seed loops do not implement loss.mini_batch_size (GradCache)")
+    device, total = device_of(), cfg.trainer.max_steps
+    seed_and_precision(cfg)
+    encoder = build_encoder(cfg).to(device)
+    datamodule = build_datamodule(cfg, encoder.tokenizer, encoder.query_prefix, encoder.doc_prefix)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    with torch.random.fork_rng(devices=[]):  # the head's init must not move the RNG the sampler draws from
+        head = torch.nn.Linear(encoder.dim, encoder.dim) if seed_recipe else torch.nn.Identity()
+    model = torch.nn.ModuleList([encoder, head.to(device)])
+    loss_fn = instantiate(cfg.loss)
+    optimizer = instantiate(cfg.optimizer)(param_groups(model), lr=cfg.model.lr)
+    scheduler = make_scheduler(cfg, optimizer, total)
+    clip = cfg.trainer.get("gradient_clip_val")
 
-    clock = _StepClock()
+    def embed(features: dict[str, Any]) -> Any:
+        features = {k: v.to(device) for k, v in features.items()}
+        if seed_recipe:
+            features = pad_to(features, SEED_RECIPE_LENGTH, encoder.tokenizer.pad_token_id)
+            return F.normalize(head(encoder(**features)), dim=-1), features
+        return encoder(**features), features
 
-    class Clock(pl.Callback):
-        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-            real = batch["num_tokens"]
-            padded = batch["query"]["input_ids"].numel() + batch["doc"]["input_ids"].numel()
-            clock.count(trainer.global_step - 1, real, padded)
-            clock.tick()
+    clock, first = StepClock(), None
+    for batch in epochs(datamodule.train_dataloader(), total):
+        first = first or fingerprint(batch["query"], batch["doc"])
+        with autocast(opts):
+            (query, q), (docs, d) = embed(batch["query"]), embed(batch["doc"])
+            size, k = query.shape[0], batch["num_negatives"]
+            out = loss_fn(query, docs[:size], docs[size:].reshape(size, k, -1) if k else None)
+        out.loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        clock.tick(*token_counts(q, d), out.loss.detach())
+    result = {**clock.summary(cfg.data.batch_size, non_embedding_params(encoder.backbone)), **peak_memory(),
+              "first_batch": first}
+    if opts.save_dir and not seed_recipe:  # the seed recipe's head has no sentence-transformers form
+        export_sentence_transformers(encoder, opts.save_dir)
+    return result
 
-    torch.manual_seed(0)
-    encoder = Encoder(packaged_minilm_path(), max_length=args.max_length)
-    data = Pairs(tokenizer=encoder.tokenizer, batch_size=args.batch_size, max_length=args.max_length)
-    module = ContrastiveModule(encoder, InfoNCELoss(0.05), torch.optim.AdamW, lr=2e-5)
-    trainer = pl.Trainer(max_steps=args.steps + WARMUP_STEPS, limit_val_batches=0, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         gradient_clip_val=1.0, callbacks=[Clock()], accelerator="cpu", devices=1)
-    trainer.fit(module, datamodule=data)
-    return {"clock": clock, "params": _non_embedding_params(encoder.backbone)}
+
+# --- st: sentence-transformers' trainer ------------------------------------------------------------------------------
+_ST_SCHEDULES = {"get_linear_schedule_with_warmup": "linear", "get_cosine_schedule_with_warmup": "cosine",
+                 "get_constant_schedule_with_warmup": "constant_with_warmup"}
 
 
-def _run_st(args, pairs) -> dict:
+def st_pairs(cfg: Any, tokenizer: Any) -> Any:
+    """The training pairs of the composed data config (after its cleaning and held-out split), as a dataset."""
     import datasets
-    import torch
-    from sentence_transformers import (
-        SentenceTransformer,
-        SentenceTransformerTrainer,
-        SentenceTransformerTrainingArguments,
+
+    datamodule = build_datamodule(cfg, tokenizer)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    qp, dp = cfg.model.get("query_prefix") or "", cfg.model.get("doc_prefix") or ""
+    rows = datamodule.train_rows
+    return datasets.Dataset.from_dict({"anchor": [qp + ex.query for ex in rows],
+                                       "positive": [dp + ex.positives[0] for ex in rows]})
+
+
+def st_arguments(opts: argparse.Namespace, cfg: Any) -> Any:
+    from sentence_transformers import SentenceTransformerTrainingArguments
+
+    total = int(cfg.trainer.max_steps)
+    schedule = cfg.get("scheduler")
+    return SentenceTransformerTrainingArguments(
+        output_dir=str(Path(opts.work_dir) / "st"), per_device_train_batch_size=cfg.data.batch_size,
+        max_steps=total, learning_rate=cfg.model.lr, weight_decay=cfg.optimizer.weight_decay,
+        lr_scheduler_type=_ST_SCHEDULES[cfg.scheduler.fn._target_.rsplit(".", 1)[-1]] if schedule else "constant",
+        warmup_steps=int(schedule.warmup_ratio * total) if schedule else 0,
+        max_grad_norm=cfg.trainer.gradient_clip_val, seed=cfg.seed, bf16=opts.precision == "bf16-mixed",
+        use_cpu=device_of().type == "cpu", dataloader_drop_last=True, logging_steps=10**6, save_strategy="no",
+        report_to="none", disable_tqdm=True,
     )
-    from sentence_transformers.losses import MultipleNegativesRankingLoss
+
+
+def run_st(opts: argparse.Namespace, variant: Variant) -> dict[str, Any]:
+    import torch
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
     from transformers import TrainerCallback
 
-    from gte_pro import packaged_minilm_path
+    cfg = compose_cfg(opts)
+    torch.set_float32_matmul_precision(cfg.get("matmul_precision", "high"))
+    model = SentenceTransformer(cfg.model.name_or_path, device=str(device_of()))
+    model.max_seq_length = cfg.data.max_length
+    clock, pending, first = StepClock(), {}, {}
 
-    torch.manual_seed(0)
-    model = SentenceTransformer(packaged_minilm_path(), device="cpu")
-    model.max_seq_length = args.max_length
-    tokenizer = model.tokenizer
-    dataset = datasets.Dataset.from_dict({"anchor": [p[0] for p in pairs], "positive": [p[1] for p in pairs]})
-    clock = _StepClock()
-    step_batches = list(_batches(pairs, args.batch_size))
+    class CountingMNRL(MultipleNegativesRankingLoss):
+        """MNRL that notes the tokens of the batch it is given (the batch the step trains on) and its loss."""
+
+        def forward(self, sentence_features: Any, labels: Any) -> Any:
+            features = list(sentence_features)
+            if "batch" not in first:
+                first["batch"] = fingerprint(*features)
+            pending["features"] = features  # counted at the step's end, after the device sync, as for the others
+            loss = super().forward(features, labels)
+            pending["loss"] = loss.detach()
+            return loss
 
     class Clock(TrainerCallback):
-        def on_step_end(self, targs, state, control, **kwargs):
-            # ST batches without shuffling here (see below): count the tokens of the same batch it just trained on
-            batch = step_batches[(state.global_step - 1) % len(step_batches)]
-            q = tokenizer([p[0] for p in batch], padding=True, truncation=True, max_length=args.max_length)
-            d = tokenizer([p[1] for p in batch], padding=True, truncation=True, max_length=args.max_length)
-            real = sum(map(sum, q["attention_mask"])) + sum(map(sum, d["attention_mask"]))
-            padded = sum(map(len, q["input_ids"])) + sum(map(len, d["input_ids"]))
-            clock.count(state.global_step - 1, real, padded)
-            clock.tick()
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            clock.tick(*token_counts(*pending["features"]), pending["loss"])
 
-    out = Path(os.environ.get("BENCH_TMP", "/tmp")) / "bench_st"
-    targs = SentenceTransformerTrainingArguments(
-        output_dir=str(out), per_device_train_batch_size=args.batch_size, max_steps=args.steps + WARMUP_STEPS,
-        learning_rate=2e-5, warmup_ratio=0.0, logging_steps=1000, save_strategy="no", report_to="none",
-        dataloader_drop_last=True, max_grad_norm=1.0, seed=0, use_cpu=True, disable_tqdm=True,
-    )
-    trainer = SentenceTransformerTrainer(model=model, args=targs, train_dataset=dataset,
-                                         loss=MultipleNegativesRankingLoss(model), callbacks=[Clock()])
-    trainer._get_train_sampler = lambda *a, **k: torch.utils.data.SequentialSampler(dataset)  # same order as others
+    targs = st_arguments(opts, cfg)
+    loss = CountingMNRL(model, scale=1.0 / cfg.loss.temperature)
+    trainer = SentenceTransformerTrainer(model=model, args=targs, train_dataset=st_pairs(cfg, model.tokenizer),
+                                         loss=loss, callbacks=[Clock()])
     trainer.train()
-    return {"clock": clock, "params": _non_embedding_params(model[0].auto_model)}
+    result = {**clock.summary(cfg.data.batch_size, non_embedding_params(model[0].auto_model)), **peak_memory(),
+              "first_batch": first.get("batch"), "st_optim": str(getattr(targs.optim, "value", targs.optim))}
+    if opts.save_dir:
+        model.save(opts.save_dir)
+    return result
 
 
-def worker(args) -> None:
+# --- scoring: one evaluator for every variant ------------------------------------------------------------------------
+def score_model(opts: argparse.Namespace) -> dict[str, Any]:
+    """NDCG@10 / Recall@10 of the model in ``opts.model_dir`` (None: the untrained one) on the held-out split."""
+    from gte_pro.evaluation import RetrievalSet, evaluate_embeddings
+    from gte_pro.model import Encoder
+
+    cfg = compose_cfg(opts)
+    encoder = Encoder(opts.model_dir or cfg.model.name_or_path, max_length=cfg.eval.max_length,
+                      query_prefix=cfg.model.query_prefix, doc_prefix=cfg.model.doc_prefix).to(device_of())
+    datamodule = build_datamodule(cfg, encoder.tokenizer, encoder.query_prefix, encoder.doc_prefix)
+    datamodule.prepare_data()
+    datamodule.setup("validate")
+    full = datamodule.retrieval
+    n = min(opts.eval_queries or len(full.queries), len(full.queries))
+    held_out = RetrievalSet(full.queries[:n], full.corpus, full.relevant[:n])
+    batch = int(cfg.eval.batch_size)
+    queries = encoder.encode([encoder.query_prefix + q for q in held_out.queries], batch_size=batch)
+    corpus = encoder.encode([encoder.doc_prefix + d for d in held_out.corpus], batch_size=batch)
+    metrics = evaluate_embeddings(queries, corpus, held_out.relevant)
+    return {"ndcg@10": metrics["ndcg@10"], "recall@10": metrics["recall@10"], "queries": n,
+            "corpus": len(held_out.corpus)}
+
+
+def child_main(opts: argparse.Namespace) -> None:
+    """Entry point of a subprocess: train one variant (``opts.spec``) or score one model; result as JSON file."""
     import torch
 
-    torch.set_num_threads(args.threads)
-    pairs = _pairs(args.pairs)
-    runner = {"ours": lambda: _run_ours(args, pairs), "st": lambda: _run_st(args, pairs),
-              "plain": lambda: _run_plain(args, pairs, seed_recipe=False),
-              "seed": lambda: _run_plain(args, pairs, seed_recipe=True)}[args.variant]
-    result = runner()
-    clock, seconds = result["clock"], result["clock"].seconds()
-    samples = args.steps * args.batch_size
-    print("RESULT " + json.dumps({
-        "variant": args.variant,
-        "samples_per_s": samples / seconds,
-        "real_tokens_per_s": clock.real_tokens / seconds,
-        "padding_fraction": 1 - clock.real_tokens / max(clock.padded_tokens, 1),
-        # forward + backward ~ 6 FLOPs per parameter per token; padded tokens are computed too
-        "gflops": 6 * result["params"] * clock.padded_tokens / seconds / 1e9,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-    }))
+    torch.set_num_threads(opts.threads)
+    if opts.task == "score":
+        result = score_model(opts)
+    else:
+        variant = parse_variants(opts.spec)[0]
+        runner = {"ours": run_ours, "plain": run_plain, "st": run_st,
+                  "seed": lambda o, v: run_plain(o, v, seed_recipe=True)}[variant.kind]
+        result = {**runner(opts, variant), "device": str(device_of()), "torch_threads": torch.get_num_threads()}
+    Path(opts.result_file).write_text(json.dumps(result))
+
+
+# --- the parent: subprocesses, rounds, table -------------------------------------------------------------------------
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
+
+
+def failure_reason(returncode: int, stderr: str) -> str:
+    if returncode < 0:
+        name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else "?"
+        hint = " (out of memory?)" if -returncode == signal.SIGKILL else ""
+        return f"killed by signal {-returncode} {name}{hint}"
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    cause = next((ln for ln in reversed(lines) if _EXCEPTION_LINE.match(ln)), lines[-1] if lines else "no output")
+    return f"exit code {returncode}: {cause[:240]}"
+
+
+def run_child(opts: dict[str, Any], timeout: float, work: Path) -> dict[str, Any]:
+    """Run ``child_main`` with ``opts`` in a fresh process; its result, or ``{"error": reason}``."""
+    result_file = Path(tempfile.mkstemp(suffix=".json", dir=work)[1])
+    cmd = [sys.executable, __file__, "--child", json.dumps({**opts, "result_file": str(result_file)})]
+    env = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **os.environ}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the child's own session: it and anything it started
+        _, stderr = proc.communicate()
+        return {"error": f"timed out after {timeout:.0f} s", "stderr_tail": stderr[-3000:]}
+    text = result_file.read_text() if result_file.exists() else ""
+    result_file.unlink(missing_ok=True)
+    if proc.returncode or not text:
+        return {"error": failure_reason(proc.returncode, stderr), "stderr_tail": stderr[-3000:]}
+    return json.loads(text)
+
+
+def child_options(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    keys = ("batch_size", "max_length", "steps", "seed", "precision", "threads", "pairs", "pairs_file",
+            "eval_queries")
+    return {**{k: getattr(args, k) for k in keys}, "work_dir": str(work)}
+
+
+def measure(args: argparse.Namespace, variant: Variant, round_no: int, work: Path) -> dict[str, Any]:
+    """One training run of ``variant``, then (with --eval) its score; the model folder is removed afterwards."""
+    save_dir = work / f"model_{round_no}_{hashlib.sha1(variant.spec.encode()).hexdigest()[:8]}"
+    scored = args.eval and variant.kind != "seed"
+    opts = {**child_options(args, work), "task": "train", "spec": variant.spec,
+            "save_dir": str(save_dir) if scored else None}
+    result = run_child(opts, args.timeout, work)
+    if scored and "error" not in result:
+        score = run_child({**child_options(args, work), "task": "score", "model_dir": str(save_dir)},
+                          args.timeout, work)
+        result["score"] = score
+    shutil.rmtree(save_dir, ignore_errors=True)
+    return result
+
+
+def progress(round_no: int, rounds: int, spec: str, result: dict[str, Any]) -> None:
+    if "error" in result:
+        line = f"FAILED: {result['error']}"
+    else:
+        line = f"{result['samples_per_s']:.2f} samples/s"
+        score = result.get("score") or {}
+        line += f", ndcg@10 {score['ndcg@10']:.4f}" if "ndcg@10" in score else ""
+        line += f", scoring FAILED: {score['error']}" if "error" in score else ""
+    print(f"round {round_no + 1}/{rounds} {spec}: {line}", file=sys.stderr, flush=True)
+
+
+def medians(results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Medians over the successful rounds (None when every round failed)."""
+    ok = [r for r in results if "error" not in r]
+    if not ok:
+        return None
+    keys = ("samples_per_s", "real_tokens_per_s", "padding_fraction", "gflops", "peak_rss_mb", "peak_gpu_mb")
+    out = {k: statistics.median(r[k] for r in ok) for k in keys if all(r.get(k) is not None for r in ok)}
+    scores = [r["score"] for r in ok if "ndcg@10" in (r.get("score") or {})]
+    for metric in ("ndcg@10", "recall@10"):
+        if scores:
+            out[metric] = statistics.median(s[metric] for s in scores)
+    return out
+
+
+def batch_check(runs: dict[str, list[dict[str, Any]]], variants: list[Variant]) -> list[str]:
+    """Does plain train on exactly ours' batches? Compares the first batches' input-id fingerprints of each
+    ``ours[:overrides]`` with ``plain[:same overrides]``."""
+    prints = {v.spec: {r["first_batch"] for r in runs[v.spec] if r.get("first_batch")} for v in variants}
+    notes = [f"WARNING: {spec}: the first batch differs between rounds ({', '.join(sorted(fps))})"
+             for spec, fps in prints.items() if len(fps) > 1]
+    plains = {v.overrides: v.spec for v in variants if v.kind == "plain"}
+    for ours in (v for v in variants if v.kind == "ours" and v.overrides in plains):
+        plain = plains[ours.overrides]
+        mine, theirs = prints[ours.spec], prints[plain]
+        if not mine or not theirs:
+            continue
+        if mine == theirs:
+            notes.append(f"same batches: {ours.spec} and {plain} trained on the same first batch "
+                         f"(input ids {min(mine)})")
+        else:
+            notes.append(f"WARNING: {plain} and {ours.spec} start from different batches (first batch input ids "
+                         f"{', '.join(sorted(theirs))} vs {', '.join(sorted(mine))}): the comparison is unfair")
+    return notes
+
+
+def _ratio(value: float, base: dict[str, Any] | None) -> str:
+    return f"{value / base['samples_per_s']:.2f}x" if base else "-"
+
+
+def table(runs: dict[str, list[dict[str, Any]]], eval_on: bool) -> list[str]:
+    med = {spec: medians(results) for spec, results in runs.items()}
+    gpu = any(m and m.get("peak_gpu_mb") is not None for m in med.values())
+    header = ["variant", "samples/s", "vs st", "vs plain", "real tokens/s", "padding", "GFLOP/s", "peak RSS MB"]
+    header += ["peak GPU MB"] * gpu + ["ndcg@10", "recall@10"] * eval_on
+    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
+    for spec, m in med.items():
+        if m is None:
+            reason = runs[spec][0]["error"] if runs[spec] else "did not run"
+            lines.append(f"| {spec} | failed: {reason} |" + " - |" * (len(header) - 2))
+            continue
+        cells = [spec, f"{m['samples_per_s']:.2f}", _ratio(m["samples_per_s"], med.get("st")),
+                 _ratio(m["samples_per_s"], med.get("plain")), f"{m['real_tokens_per_s']:.0f}",
+                 f"{m['padding_fraction']:.2f}", f"{m['gflops']:.1f}", f"{m['peak_rss_mb']:.0f}"]
+        cells += [f"{m['peak_gpu_mb']:.0f}" if m.get("peak_gpu_mb") is not None else "-"] * gpu
+        unscored = "n/a" if spec.split(":")[0] == "seed" else "-"  # the seed recipe's head is not exportable
+        cells += [f"{m[k]:.4f}" if k in m else unscored for k in ("ndcg@10", "recall@10")] * eval_on
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def footnotes(runs: dict[str, list[dict[str, Any]]], variants: list[Variant]) -> list[str]:
+    notes = []
+    for spec, results in runs.items():
+        failed = [r for r in results if "error" in r]
+        if failed and len(failed) < len(results):
+            notes.append(f"{spec}: {len(failed)}/{len(results)} rounds failed ({failed[0]['error']}); "
+                         "medians over the others")
+        bad_scores = [r["score"]["error"] for r in results if "error" in (r.get("score") or {})]
+        if bad_scores:
+            notes.append(f"{spec}: scoring failed in {len(bad_scores)} round(s): {bad_scores[0]}")
+    med = {spec: medians(results) for spec, results in runs.items()}
+    if med.get("ours") and med.get("plain") and med["ours"]["samples_per_s"] > 1.05 * med["plain"]["samples_per_s"]:
+        notes.append("NOTE: ours is faster than the plain loop it is built on: check that they do the same work")
+    return notes + batch_check(runs, variants)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-length", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=8, help=f"measured steps (after {WARMUP_STEPS} warm-up steps)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--variants", default=",".join(KINDS), help="comma-separated specs kind[:key=value...]")
+    parser.add_argument("--precision", choices=("32-true", "bf16-mixed"), default="32-true")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads per worker")
+    parser.add_argument("--pairs", type=int, default=None, help="use only the first N training pairs")
+    parser.add_argument("--pairs-file", help='JSON lines {"query", "positive"} instead of the demo corpus')
+    parser.add_argument("--eval", action="store_true", help="score each trained model (ndcg@10, recall@10)")
+    parser.add_argument("--eval-queries", type=int, default=None, help="score on the first N held-out queries")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per subprocess before it is killed")
+    parser.add_argument("--json", help="write every round's raw results to this file")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pairs", type=int, default=320)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=8, help="measured steps (after 2 warm-up steps)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--variant", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.variant:
-        worker(args)
+    args = parse_args()
+    if args.child:
+        child_main(argparse.Namespace(**json.loads(args.child)))
         return
-    runs: dict[str, list[dict]] = {v: [] for v in args.variants.split(",")}
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    for round_no in range(args.rounds):
-        for variant in runs:  # interleaved: A B C D, A B C D, ...
-            cmd = [sys.executable, __file__, "--variant", variant, "--pairs", str(args.pairs), "--batch-size",
-                   str(args.batch_size), "--max-length", str(args.max_length), "--steps", str(args.steps),
-                   "--threads", str(args.threads)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-            if proc.returncode or line is None:
-                sys.exit(f"{variant} failed:\n{proc.stderr[-3000:]}")
-            runs[variant].append(json.loads(line[7:]))
-            print(f"round {round_no + 1}/{args.rounds} {variant}: {runs[variant][-1]['samples_per_s']:.1f} samples/s",
-                  file=sys.stderr)
-    _print_table(runs, args)
+    command = shlex.join([sys.executable, *sys.argv])
+    print(f"$ {command}", flush=True)
+    variants = parse_variants(args.variants)
+    runs: dict[str, list[dict[str, Any]]] = {v.spec: [] for v in variants}
+    untrained = None
+    with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
+        work = Path(tmp)
+        for round_no in range(args.rounds):
+            for variant in variants:  # interleaved: A B C D, A B C D, ...
+                runs[variant.spec].append(measure(args, variant, round_no, work))
+                progress(round_no, args.rounds, variant.spec, runs[variant.spec][-1])
+        if args.eval:
+            untrained = run_child({**child_options(args, work), "task": "score", "model_dir": None}, args.timeout,
+                                  work)
+    report(args, command, variants, runs, untrained)
 
 
-def _print_table(runs: dict[str, list[dict]], args) -> None:
-    med = {v: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "variant"} for v, rs in runs.items()}
-    base = med.get("st", {}).get("samples_per_s")
-    print(f"\nbatch {args.batch_size}, max_length {args.max_length}, {args.steps} measured steps, "
-          f"{args.rounds} interleaved rounds, medians, {args.threads} threads\n")
-    print("| variant | samples/s | vs st | real tokens/s | padding | GFLOP/s | peak RSS MB |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for variant, m in med.items():
-        ratio = f"{m['samples_per_s'] / base:.2f}x" if base else "-"
-        print(f"| {variant} | {m['samples_per_s']:.1f} | {ratio} | {m['real_tokens_per_s']:.0f} | "
-              f"{m['padding_fraction']:.2f} | {m['gflops']:.1f} | {m['peak_rss_mb']:.0f} |")
+def report(args: argparse.Namespace, command: str, variants: list[Variant], runs: dict[str, list[dict[str, Any]]],
+           untrained: dict[str, Any] | None) -> None:
+    devices = sorted({r["device"] for rs in runs.values() for r in rs if "device" in r}) or ["-"]
+    data = args.pairs_file or "demo corpus"
+    print(f"\nbatch {args.batch_size}, max_length {args.max_length}, {args.steps} measured steps after "
+          f"{WARMUP_STEPS} warm-up steps, {args.rounds} interleaved rounds (medians), precision {args.precision}, "
+          f"{args.threads} threads, device {', '.join(devices)}, data: {data}\n")
+    print("\n".join(table(runs, args.eval)))
+    if untrained is not None:
+        scored = f"ndcg@10 {untrained['ndcg@10']:.4f}, recall@10 {untrained['recall@10']:.4f} " \
+                 f"({untrained['queries']} queries, corpus {untrained['corpus']})" if "error" not in untrained \
+            else f"failed: {untrained['error']}"
+        print(f"\nuntrained model: {scored}")
+    notes = footnotes(runs, variants)
+    if notes:
+        print("\n" + "\n".join(notes))
+    if args.json:
+        blob = {"command": command, "settings": vars(args), "warmup_steps": WARMUP_STEPS, "runs": runs,
+                "medians": {spec: medians(rs) for spec, rs in runs.items()}, "untrained": untrained}
+        Path(args.json).write_text(json.dumps(blob, indent=2) + "\n")
+        print(f"\nraw results: {args.json}")
 
 
 if __name__ == "__main__":
