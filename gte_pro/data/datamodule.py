@@ -267,7 +267,7 @@ class ContrastiveDataModule(LightningDataModule, abc.ABC):
         doc_prefix: str = "",
         seed: int = 42,
         cache_dir: str | None = None,
-        group_by_length: bool = False,
+        group_by_length: bool = True,
         length_window: int = 50,
     ) -> None:
         super().__init__()
