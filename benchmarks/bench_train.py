@@ -4,8 +4,8 @@ learning rate, schedule, gradient clipping, seed and number of steps.
 
 Usage::
 
-    python benchmarks/bench_train.py [--batch-size 32] [--max-length 128] [--steps 8] [--rounds 3]
-        [--variants ours,plain,st,seed] [--precision 32-true|bf16-mixed] [--eval [--eval-queries N]]
+    python benchmarks/bench_train.py [--batch-size 32] [--max-length 128] [--steps 20] [--rounds 3]
+        [--variants ours,plain,st[,seed]] [--precision 32-true|bf16-mixed] [--eval [--eval-queries N]]
         [--pairs-file pairs.jsonl] [--timeout 900] [--json results.json]
 
     # ablations: extra Hydra overrides for a config-built variant, named in the table by the spec string
@@ -595,10 +595,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=8, help=f"measured steps (after {WARMUP_STEPS} warm-up steps)")
+    parser.add_argument("--steps", type=int, default=20, help=f"measured steps (after {WARMUP_STEPS} warm-up steps)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--variants", default=",".join(KINDS), help="comma-separated specs kind[:key=value...]")
+    parser.add_argument("--variants", default="ours,plain,st", help="comma-separated specs kind[:key=value...]")
     parser.add_argument("--precision", choices=("32-true", "bf16-mixed"), default="32-true")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads per worker")
     parser.add_argument("--pairs", type=int, default=None, help="use only the first N training pairs")
