@@ -119,14 +119,6 @@ def compose_cfg(opts: argparse.Namespace, extra: list[str] | tuple[str, ...] = (
     return cfg
 
 
-def build_datamodule(cfg: Any, tokenizer: Any, query_prefix: str = "", doc_prefix: str = "") -> Any:
-    """The data module exactly as gte_pro.train builds it."""
-    from hydra.utils import instantiate
-
-    return instantiate(cfg.data, tokenizer=tokenizer, query_prefix=query_prefix, doc_prefix=doc_prefix,
-                       seed=cfg.seed)
-
-
 def device_of() -> Any:
     import torch
 
@@ -202,21 +194,19 @@ def peak_memory() -> dict[str, float | None]:
     return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "peak_gpu_mb": gpu}
 
 
-def seed_and_precision(cfg: Any) -> None:
-    """What gte_pro.train does first: the same RNG state, the same fp32 matmul precision, in every variant."""
-    import torch
-    from lightning.pytorch import seed_everything
-
-    seed_everything(cfg.seed, workers=True)
-    torch.set_float32_matmul_precision(cfg.get("matmul_precision", "high"))
-
-
 # --- ours: the product path ---------------------------------------------------------------------------------------
 def run_ours(opts: argparse.Namespace, variant: Variant) -> dict[str, Any]:
     from lightning.pytorch import Callback
 
     from gte_pro.export import export_sentence_transformers
-    from gte_pro.train import build_encoder, build_module, build_trainer, instantiate_dict
+    from gte_pro.train import (
+        build_datamodule,
+        build_encoder,
+        build_module,
+        build_trainer,
+        instantiate_dict,
+        seed_and_precision,
+    )
 
     cfg = compose_cfg(opts, variant.overrides)
     clock, first = StepClock(), {}
@@ -266,29 +256,14 @@ def pad_to(features: dict[str, Any], length: int, pad_id: int) -> dict[str, Any]
             features.items()}
 
 
-def make_scheduler(cfg: Any, optimizer: Any, total_steps: int) -> Any:
-    """The configured schedule, as ContrastiveModule.configure_optimizers builds it (None: constant lr)."""
-    import inspect
-
-    from hydra.utils import instantiate
-
-    if not cfg.get("scheduler"):
-        return None
-    factory = instantiate(cfg.scheduler.fn)
-    kwargs: dict[str, Any] = {"num_warmup_steps": int(cfg.scheduler.warmup_ratio * total_steps)}
-    if "num_training_steps" in inspect.signature(factory).parameters:
-        kwargs["num_training_steps"] = total_steps
-    return factory(optimizer, **kwargs)
-
-
 def run_plain(opts: argparse.Namespace, variant: Variant, seed_recipe: bool = False) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
     from hydra.utils import instantiate
 
     from gte_pro.export import export_sentence_transformers
-    from gte_pro.module import param_groups
-    from gte_pro.train import build_encoder
+    from gte_pro.module import build_scheduler, param_groups
+    from gte_pro.train import build_datamodule, build_encoder, seed_and_precision
 
     recipe = [f"data.max_length={SEED_RECIPE_LENGTH}", "model.pooling=cls"] if seed_recipe else []
     cfg = compose_cfg(opts, [*recipe, *variant.overrides])
@@ -305,7 +280,8 @@ def run_plain(opts: argparse.Namespace, variant: Variant, seed_recipe: bool = Fa
     model = torch.nn.ModuleList([encoder, head.to(device)])
     loss_fn = instantiate(cfg.loss)
     optimizer = instantiate(cfg.optimizer)(param_groups(model), lr=cfg.model.lr)
-    scheduler = make_scheduler(cfg, optimizer, total)
+    schedule = cfg.get("scheduler")
+    scheduler = build_scheduler(instantiate(schedule.fn), optimizer, schedule.warmup_ratio, total) if schedule else None
     clip = cfg.trainer.get("gradient_clip_val")
 
     def embed(features: dict[str, Any]) -> Any:
@@ -345,6 +321,8 @@ _ST_SCHEDULES = {"get_linear_schedule_with_warmup": "linear", "get_cosine_schedu
 def st_pairs(cfg: Any, tokenizer: Any) -> Any:
     """The training pairs of the composed data config (after its cleaning and held-out split), as a dataset."""
     import datasets
+
+    from gte_pro.train import build_datamodule
 
     datamodule = build_datamodule(cfg, tokenizer)
     datamodule.prepare_data()
@@ -416,6 +394,7 @@ def score_model(opts: argparse.Namespace) -> dict[str, Any]:
     """NDCG@10 / Recall@10 of the model in ``opts.model_dir`` (None: the untrained one) on the held-out split."""
     from gte_pro.evaluation import RetrievalSet, evaluate_embeddings
     from gte_pro.model import Encoder
+    from gte_pro.train import build_datamodule
 
     cfg = compose_cfg(opts)
     encoder = Encoder(opts.model_dir or cfg.model.name_or_path, max_length=cfg.eval.max_length,

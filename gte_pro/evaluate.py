@@ -16,16 +16,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-from hydra.utils import instantiate
-from lightning.pytorch import LightningDataModule, seed_everything
+from lightning.pytorch import LightningDataModule
 from omegaconf import DictConfig, OmegaConf
 
 from gte_pro.data.beir import EvalDataModule, eval_set_specs, load_eval_sets
 from gte_pro.model import Encoder
 from gte_pro.module import validation_sets
 from gte_pro.report import HELD_OUT, metrics_by_set, metrics_table
-from gte_pro.train import build_encoder, build_module, build_trainer
+from gte_pro.train import build_datamodule, build_encoder, build_module, build_trainer, seed_and_precision
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +35,7 @@ def eval_datamodule(cfg: DictConfig, encoder: Encoder) -> LightningDataModule:
         return EvalDataModule(sets, encoder.tokenizer, batch_size=cfg.eval.batch_size, max_length=cfg.eval.max_length,
                               query_prefix=encoder.query_prefix, doc_prefix=encoder.doc_prefix,
                               num_workers=cfg.data.get("num_workers", 0))
-    return instantiate(cfg.data, tokenizer=encoder.tokenizer, query_prefix=encoder.query_prefix,
-                       doc_prefix=encoder.doc_prefix, seed=cfg.seed)
+    return build_datamodule(cfg, encoder.tokenizer, encoder.query_prefix, encoder.doc_prefix)
 
 
 def _merge(results: list[dict[str, Any]]) -> dict[str, float]:
@@ -59,8 +56,7 @@ def _set_details(cfg: DictConfig, datamodule: Any) -> dict[str, dict[str, Any]]:
 
 def evaluate(cfg: DictConfig) -> float | None:
     """Evaluate ``cfg.model`` as configured; write ``metrics.json`` + ``metrics.md``; return the optimized metric."""
-    seed_everything(cfg.seed, workers=True)
-    torch.set_float32_matmul_precision(cfg.get("matmul_precision", "high"))
+    seed_and_precision(cfg)
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     encoder = build_encoder(cfg)

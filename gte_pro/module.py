@@ -27,6 +27,16 @@ def param_groups(model: torch.nn.Module) -> list[dict[str, Any]]:
     return [g for g in groups if g["params"]]
 
 
+def build_scheduler(factory: Callable[..., Any], optimizer: torch.optim.Optimizer, warmup_ratio: float,
+                    total_steps: int) -> Any:
+    """A transformers-style schedule: warmup over ``warmup_ratio`` of ``total_steps``, then the factory's decay
+    (constant schedules take no ``num_training_steps``)."""
+    kwargs: dict[str, Any] = {"num_warmup_steps": int(warmup_ratio * total_steps)}
+    if "num_training_steps" in inspect.signature(factory).parameters:
+        kwargs["num_training_steps"] = total_steps
+    return factory(optimizer, **kwargs)
+
+
 def validation_sets(datamodule: Any) -> list[tuple[str, RetrievalSet]]:
     """(name, set) per validation dataloader, in order; the unnamed one is the training data's held-out split."""
     if hasattr(datamodule, "validation_sets"):
@@ -163,8 +173,5 @@ class ContrastiveModule(LightningModule):
         if self.scheduler_factory is None:
             return optimizer
         total_steps = int(self.trainer.estimated_stepping_batches)
-        kwargs: dict[str, Any] = {"num_warmup_steps": int(self.warmup_ratio * total_steps)}
-        if "num_training_steps" in inspect.signature(self.scheduler_factory).parameters:
-            kwargs["num_training_steps"] = total_steps
-        scheduler = self.scheduler_factory(optimizer, **kwargs)
+        scheduler = build_scheduler(self.scheduler_factory, optimizer, self.warmup_ratio, total_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -42,6 +42,18 @@ def build_encoder(cfg: DictConfig) -> Encoder:
     return instantiate(options)
 
 
+def seed_and_precision(cfg: DictConfig) -> None:
+    """Every run starts here: the seeded RNGs (data order, dropout, heads) and the fp32 matmul precision."""
+    seed_everything(cfg.seed, workers=True)
+    torch.set_float32_matmul_precision(cfg.get("matmul_precision", "high"))
+
+
+def build_datamodule(cfg: DictConfig, tokenizer: Any, query_prefix: str = "", doc_prefix: str = "") -> Any:
+    """The configured data module (``data/``), tokenizing with ``tokenizer`` and the model's prompts."""
+    return instantiate(cfg.data, tokenizer=tokenizer, query_prefix=query_prefix, doc_prefix=doc_prefix,
+                       seed=cfg.seed)
+
+
 def build_strategy(cfg: DictConfig) -> Any:
     """``strategy/auto`` is a name for Lightning; the others are strategy objects built from their config."""
     if "_target_" in cfg.strategy:
@@ -136,16 +148,14 @@ def train(cfg: DictConfig) -> float | None:
 
 
 def _fit_and_export(cfg: DictConfig) -> float | None:
-    seed_everything(cfg.seed, workers=True)
-    torch.set_float32_matmul_precision(cfg.get("matmul_precision", "high"))
+    seed_and_precision(cfg)
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = resume_checkpoint(cfg.get("ckpt_path"), cfg.get("resume", "auto"), output_dir)
     check_export_requirements(cfg.get("export"))
 
     encoder = build_encoder(cfg)
-    datamodule = instantiate(cfg.data, tokenizer=encoder.tokenizer, query_prefix=encoder.query_prefix,
-                             doc_prefix=encoder.doc_prefix, seed=cfg.seed)
+    datamodule = build_datamodule(cfg, encoder.tokenizer, encoder.query_prefix, encoder.doc_prefix)
     attach_eval_sets(datamodule, cfg)  # eval.beir: validated (and logged) next to the held-out split
     module = build_module(cfg, encoder)
     callbacks = instantiate_dict(cfg.get("callbacks"))
