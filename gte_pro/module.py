@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_warn
 
-from gte_pro.evaluation import RetrievalSet, evaluate_distributed
+from gte_pro.evaluation.metrics import evaluate_distributed
 from gte_pro.gradcache import cached_step
 from gte_pro.losses import ContrastiveLoss, LossOutput
 from gte_pro.model import Encoder
@@ -35,13 +35,6 @@ def build_scheduler(factory: Callable[..., Any], optimizer: torch.optim.Optimize
     if "num_training_steps" in inspect.signature(factory).parameters:
         kwargs["num_training_steps"] = total_steps
     return factory(optimizer, **kwargs)
-
-
-def validation_sets(datamodule: Any) -> list[tuple[str, RetrievalSet]]:
-    """(name, set) per validation dataloader, in order; the unnamed one is the training data's held-out split."""
-    if hasattr(datamodule, "validation_sets"):
-        return datamodule.validation_sets()
-    return [("", datamodule.retrieval)]
 
 
 class ContrastiveModule(LightningModule):
@@ -155,7 +148,7 @@ class ContrastiveModule(LightningModule):
     def on_validation_epoch_end(self) -> None:
         ids_by_loader, embeddings_by_loader = self._val_ids, self._val_embeddings
         self._val_ids, self._val_embeddings = {}, {}
-        for index, (name, retrieval) in enumerate(validation_sets(self.trainer.datamodule)):
+        for index, (name, retrieval) in enumerate(self.trainer.datamodule.validation_sets()):
             ids = torch.cat(ids_by_loader.get(index) or [torch.empty(0, dtype=torch.long, device=self.device)])
             embeddings = torch.cat(embeddings_by_loader.get(index)
                                    or [torch.empty(0, self.encoder.dim, device=self.device)])

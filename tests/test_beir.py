@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from hydra.utils import instantiate
 
-from gte_pro.data.beir import BeirDataModule, eval_set_specs, load_beir, load_eval_sets
+from gte_pro.data.beir import BeirDataModule, load_beir
 from gte_pro.data.records import DataError
+from gte_pro.evaluation.sets import eval_set_specs, load_eval_sets
 from tests.beir_data import SPLITS, TOPICS, write_beir_folder
 
 

@@ -10,7 +10,7 @@ from hydra.errors import MissingConfigException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from gte_pro.train import build_encoder, build_strategy, build_trainer, instantiate_dict
+from gte_pro.builders import build_encoder, build_strategy, build_trainer, instantiate_dict
 from tests.conftest import CONF
 
 GROUPS = ["model", "data", "loss", "optimizer", "scheduler", "strategy", "precision", "callbacks", "logger",
@@ -27,7 +27,7 @@ def test_every_group_has_options_and_the_defaults_compose(make_cfg):
         assert options(group), group
     assert cfg.model.name_or_path.endswith("model") and cfg.model.lr == 5e-5
     assert cfg.trainer.devices == 1 and cfg.trainer.precision == "32-true"
-    assert OmegaConf.select(cfg, "data._target_") == "gte_pro.data.DemoDataModule"
+    assert OmegaConf.select(cfg, "data._target_") == "gte_pro.data.demo.DemoDataModule"
 
 
 @pytest.mark.parametrize("option", options("model"))

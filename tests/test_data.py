@@ -8,9 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from gte_pro.data import DataError, DemoDataModule, HFDataModule, JsonlDataModule
-from gte_pro.data.datamodule import LengthGroupedSampler, PairCollator, TokenCollator, TokenizedPairs
-from gte_pro.data.records import Example, clean_examples, clean_text, read_pairs_jsonl
+from gte_pro.data.collate import PairCollator, TokenCollator
+from gte_pro.data.datasets import TokenizedPairs
+from gte_pro.data.demo import DemoDataModule
+from gte_pro.data.hf import HFDataModule
+from gte_pro.data.jsonl import JsonlDataModule
+from gte_pro.data.records import DataError, Example, clean_examples, clean_text, iter_pairs_jsonl
+from gte_pro.data.sampling import LengthGroupedSampler
 from tests.conftest import write_jsonl
 
 
@@ -20,7 +24,7 @@ def test_reads_both_layouts(tmp_path: Path):
         "",
         {"query": "q2", "pos": ["p2a", "p2b"], "neg": ["n3"]},
     ])
-    rows = read_pairs_jsonl(path)
+    rows = list(iter_pairs_jsonl(path))
     assert rows == [Example("q1", ["p1"], ["n1", "n2"]), Example("q2", ["p2a", "p2b"], ["n3"])]
 
 
@@ -37,15 +41,15 @@ def test_bad_rows_name_file_line_and_field(tmp_path: Path, line: str, message: s
     path = tmp_path / "bad.jsonl"
     path.write_text('{"query": "ok", "positive": "fine"}\n' + line + "\n")
     if message is None:
-        assert len(read_pairs_jsonl(path)) == 2
+        assert len(list(iter_pairs_jsonl(path))) == 2
     else:
         with pytest.raises(DataError, match=message):
-            read_pairs_jsonl(path)
+            list(iter_pairs_jsonl(path))
 
 
 def test_missing_file_is_named(tmp_path: Path):
     with pytest.raises(DataError, match=r"nope\.jsonl: file not found"):
-        read_pairs_jsonl(tmp_path / "nope.jsonl")
+        list(iter_pairs_jsonl(tmp_path / "nope.jsonl"))
 
 
 def test_cleaning_collapses_whitespace_drops_control_chars_and_counts_reasons():
@@ -141,11 +145,11 @@ def test_cached_token_batches_equal_tokenizing_the_texts(pairs_file: Path, token
 
 def test_token_cache_is_reused_and_rebuilt_when_the_file_changes(tmp_path: Path, pairs_file: Path, tokenizer,
                                                                  monkeypatch):
-    from gte_pro.data import datamodule
+    from gte_pro.data import base
 
     builds = []
-    real_write = datamodule.write_tokenized
-    monkeypatch.setattr(datamodule, "write_tokenized", lambda *a, **k: builds.append(1) or real_write(*a, **k))
+    real_write = base.write_tokenized
+    monkeypatch.setattr(base, "write_tokenized", lambda *a, **k: builds.append(1) or real_write(*a, **k))
     make = lambda: JsonlDataModule(train_file=str(pairs_file), tokenizer=tokenizer,  # noqa: E731
                                    cache_dir=str(tmp_path / "c"), val_fraction=0.2)
     first = make()

@@ -81,11 +81,11 @@ def test_encoding_runs_in_inference_mode_and_the_trainers_precision(make_cfg, be
 
 def test_prefixes_from_the_model_config_reach_queries_and_documents(make_cfg, beir_dir: Path, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch):
-    from gte_pro.data import datamodule
+    from gte_pro.data.collate import EvalCollator
 
     texts: list[str] = []
-    collate = datamodule.EvalCollator.__call__
-    monkeypatch.setattr(datamodule.EvalCollator, "__call__",
+    collate = EvalCollator.__call__
+    monkeypatch.setattr(EvalCollator, "__call__",
                         lambda self, items: texts.extend(t for _, t in items) or collate(self, items))
     cfg = make_cfg(["mode=eval", "model=tiny", "model.query_prefix='query: '", "model.doc_prefix='passage: '",
                     f"eval.beir=[{beir_dir}]"], output_dir=tmp_path / "prefixed")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gte_pro.evaluation import RetrievalSet, evaluate_embeddings, rank_corpus, retrieval_metrics
+from gte_pro.evaluation.metrics import RetrievalSet, evaluate_embeddings, rank_corpus, retrieval_metrics
 
 
 def test_hand_computed_metrics():
@@ -46,7 +46,7 @@ def test_matches_sentence_transformers_information_retrieval_evaluator(cache_dir
     from sentence_transformers.evaluation import InformationRetrievalEvaluator
 
     from gte_pro import packaged_minilm_path
-    from gte_pro.data import DemoDataModule
+    from gte_pro.data.demo import DemoDataModule
     from gte_pro.model import Encoder
 
     data = DemoDataModule(cache_dir=str(cache_dir), tokenizer=tokenizer, max_val_queries=120, max_distractors=300)

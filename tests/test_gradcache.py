@@ -24,12 +24,13 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.utils.data import DataLoader
 
 from gte_pro import gradcache, packaged_minilm_path
-from gte_pro.data.datamodule import PairCollator
+from gte_pro.data.collate import PairCollator
 from gte_pro.gradcache import cached_step, split_features
 from gte_pro.losses import GTELoss, InfoNCELoss, LossOutput
 from gte_pro.model import Encoder
 from gte_pro.module import ContrastiveModule
-from gte_pro.train import build_encoder, build_module, build_trainer, train
+from gte_pro.builders import build_encoder, build_module, build_trainer
+from gte_pro.train import train
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
         "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}

@@ -10,10 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gte_pro.export import ExportMismatchError, verify_export
+from gte_pro.builders import build_encoder
+from gte_pro.export.release import check_export_requirements
+from gte_pro.export.verify import ExportMismatchError, cpu_vs_device, state_dict_round_trip, verify_export
 from gte_pro.model import Encoder
-from gte_pro.release import check_export_requirements, cpu_vs_device, state_dict_round_trip
-from gte_pro.train import build_encoder, train
+from gte_pro.train import train
 from tests.beir_data import st_evaluator_metrics, write_beir_folder
 
 # not the texts the export was verified on
@@ -212,11 +213,11 @@ def test_missing_onnx_packages_fail_before_training(monkeypatch):
 
 
 def test_a_mismatching_export_fails_the_run(make_cfg, tmp_path, monkeypatch, pairs_file):
-    import gte_pro.release
+    import gte_pro.export.release
 
     # an HF export whose loader drops the normalisation, as a wrong gte_pro_pooling.json would
-    real = gte_pro.release.hf_embedder
-    monkeypatch.setattr(gte_pro.release, "hf_embedder", lambda folder: lambda texts: 2 * real(folder)(texts))
+    real = gte_pro.export.release.hf_embedder
+    monkeypatch.setattr(gte_pro.export.release, "hf_embedder", lambda folder: lambda texts: 2 * real(folder)(texts))
     cfg = make_cfg(["debug=fast", "logger=none", "callbacks=none", "data=jsonl", f"data.train_file={pairs_file}",
                     "data.val_fraction=0.2", "export.hf=true"], output_dir=tmp_path / "bad")
     with pytest.raises(ExportMismatchError, match="Hugging Face export does not reproduce the module"):

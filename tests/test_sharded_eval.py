@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import DistributedSampler
 
-from gte_pro.evaluation import evaluate_distributed, evaluate_embeddings, owned_mask, rank_corpus, sharded_rank
+from gte_pro.evaluation.metrics import evaluate_distributed, evaluate_embeddings, owned_mask, rank_corpus, sharded_rank
 from tests.conftest import free_port
 
 NUM_QUERIES, NUM_CORPUS, DIM = 40, 301, 16

@@ -1,6 +1,10 @@
-"""Training data: record files, the offline demo corpus, and the Lightning data modules."""
+"""Training data (the ``data/`` config group): one module per source, plus the shared machinery.
 
-from gte_pro.data.datamodule import ContrastiveDataModule, DemoDataModule, HFDataModule, JsonlDataModule
+- ``records``: reading, validating and cleaning (query, positive[, negatives]) rows; ``split``: the hash split.
+- ``cache``: the memory-mapped token cache; ``datasets``, ``collate``, ``sampling``: rows -> batches.
+- ``base``: the base Lightning data module; ``demo``, ``jsonl``, ``hf``, ``beir``: one module per source.
+"""
+
 from gte_pro.data.records import DataError, Example
 
-__all__ = ["ContrastiveDataModule", "DataError", "DemoDataModule", "Example", "HFDataModule", "JsonlDataModule"]
+__all__ = ["DataError", "Example"]

@@ -1,4 +1,5 @@
-"""The offline demo corpus: (docstring summary line -> docstring body) pairs from the Python standard library.
+"""``data=demo``, the offline demo corpus: (docstring summary line -> docstring body) pairs of the Python
+standard library.
 
 The source files are parsed with ``ast`` (nothing is imported, so no module's side effects run). The task is
 real retrieval: given the one-line summary of a function, class or module, find the paragraph(s) that describe
@@ -17,8 +18,12 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from gte_pro.data.base import ContrastiveDataModule
 from gte_pro.data.records import CleaningReport, Example, clean_examples, clean_text
+from gte_pro.data.split import is_held_out, split_bucket
+from gte_pro.utils.files import write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +66,6 @@ def stdlib_docstrings(stdlib_dir: str | Path | None = None) -> tuple[list[Exampl
     return examples, distractors
 
 
-def split_bucket(text: str, buckets: int = 1000) -> int:
-    """A stable pseudo-random bucket (same on every machine and Python version, unlike ``hash``)."""
-    return int.from_bytes(hashlib.sha1(text.encode("utf-8")).digest()[:4], "big") % buckets
-
-
 @dataclass
 class DemoSplits:
     train: list[Example]
@@ -90,9 +90,8 @@ def build_demo_splits(val_fraction: float = 0.1, min_query_chars: int = 10, min_
     raw, raw_distractors = stdlib_docstrings()
     pairs, report = clean_examples(raw, "demo (stdlib docstrings)", min_query_chars, min_doc_chars)
     pairs = _drop_ambiguous_queries(pairs, report)
-    cutoff = int(val_fraction * 1000)
-    train = [ex for ex in pairs if split_bucket(ex.query) >= cutoff]
-    val = [ex for ex in pairs if split_bucket(ex.query) < cutoff]
+    train = [ex for ex in pairs if not is_held_out(ex.query, val_fraction)]
+    val = [ex for ex in pairs if is_held_out(ex.query, val_fraction)]
     used = {p for ex in pairs for p in ex.positives}
     distractors = sorted({d for d in map(clean_text, raw_distractors) if len(d) >= min_doc_chars} - used,
                          key=split_bucket)[:max_distractors]
@@ -115,9 +114,31 @@ def load_demo_splits(cache_dir: str | Path, **options) -> DemoSplits:
         "distractors": splits.distractors,
         "reports": splits.reports,
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(blob))
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(blob))
     log.info("demo data cached at %s", path)
     return splits
+
+
+class DemoDataModule(ContrastiveDataModule):
+    """Summary line -> body pairs from the Python standard library's docstrings; works offline anywhere."""
+
+    def __init__(self, max_distractors: int = 1000, **kwargs: Any) -> None:
+        kwargs.setdefault("min_query_chars", 10)
+        kwargs.setdefault("min_doc_chars", 40)
+        kwargs.setdefault("val_fraction", 0.1)
+        super().__init__(**kwargs)
+        self.max_distractors = max_distractors
+
+    def _options(self) -> dict[str, Any]:
+        return {"val_fraction": self.val_fraction, "min_query_chars": self.min_query_chars,
+                "min_doc_chars": self.min_doc_chars, "max_distractors": self.max_distractors}
+
+    def source_signature(self) -> Any:
+        # the corpus is a pure function of the Python version's standard library and these options
+        return {"demo": sys.version, **self._options()}
+
+    def load_rows(self) -> tuple[list[Example], list[Example] | None, list[str]]:
+        splits = load_demo_splits(self.cache_dir, **self._options())
+        for report in splits.reports:
+            self._record(report)
+        return splits.train, splits.val, splits.distractors

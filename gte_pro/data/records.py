@@ -144,22 +144,3 @@ def iter_pairs_jsonl(path: str | Path) -> Iterator[Example]:
     """The records of a JSON-lines training file, validated, one at a time (the file is never held in memory)."""
     for line_no, obj in iter_jsonl(path):
         yield parse_record(obj, f"{path}, line {line_no}")
-
-
-def read_pairs_jsonl(path: str | Path) -> list[Example]:
-    """All records of a JSON-lines training file, validated."""
-    return list(iter_pairs_jsonl(path))
-
-
-def write_pairs_jsonl(examples: Iterable[Example], path: str | Path) -> None:
-    """Write atomically (temp file + rename) so that an interrupted run never leaves half a cache."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w", encoding="utf-8") as handle:
-        for ex in examples:
-            row = {"query": ex.query, "positive": ex.positives[0], "negatives": ex.negatives}
-            if len(ex.positives) > 1:
-                row["positive"] = ex.positives
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-    tmp.replace(path)

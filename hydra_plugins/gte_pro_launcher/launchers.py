@@ -7,14 +7,12 @@ device. (A check in a Hydra callback would only be a warning: Hydra turns callba
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher as _submitit
 
-from gte_pro.launch import DIST_ENV_KEYS, check_devices_match_tasks
+from gte_pro.launch.environment import check_devices_match_tasks, without_distributed_env
 
 
 def _check_jobs(launcher: Any, job_overrides: Sequence[Sequence[str]]) -> None:
@@ -24,31 +22,21 @@ def _check_jobs(launcher: Any, job_overrides: Sequence[Sequence[str]]) -> None:
         check_devices_match_tasks(values.get("devices", launcher.config.devices), tasks)
 
 
-@contextlib.contextmanager
-def _without_distributed_env() -> Iterator[None]:
-    """sbatch exports the submitting shell's environment to the job. A MASTER_PORT (or RANK, WORLD_SIZE...) left
-    there by an earlier torch.distributed run would override the per-job port Lightning derives from the SLURM job
-    id, and two jobs of one sweep would then meet on the same port."""
-    saved = {key: os.environ.pop(key) for key in DIST_ENV_KEYS if key in os.environ}
-    try:
-        yield
-    finally:
-        os.environ.update(saved)
-
-
-class LocalLauncher(_submitit.LocalLauncher):
-    """submitit_local, refusing jobs whose ``devices`` differ from ``tasks_per_node``."""
+class _CheckedLaunch:
+    """Refuses jobs whose ``devices`` differ from ``tasks_per_node``, then submits without the torch.distributed
+    variables: sbatch exports the submitting shell's environment to the job, and a MASTER_PORT (or RANK,
+    WORLD_SIZE...) left there by an earlier run would override the per-job port Lightning derives from the SLURM job
+    id, so that two jobs of one sweep would meet on the same port."""
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
         _check_jobs(self, job_overrides)
-        with _without_distributed_env():
-            return super().launch(job_overrides, initial_job_idx)
+        with without_distributed_env():
+            return super().launch(job_overrides, initial_job_idx)  # type: ignore[misc]
 
 
-class SlurmLauncher(_submitit.SlurmLauncher):
-    """submitit_slurm, refusing jobs whose ``devices`` differ from ``tasks_per_node``."""
+class LocalLauncher(_CheckedLaunch, _submitit.LocalLauncher):
+    """submitit_local with the checks of ``_CheckedLaunch``."""
 
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
-        _check_jobs(self, job_overrides)
-        with _without_distributed_env():
-            return super().launch(job_overrides, initial_job_idx)
+
+class SlurmLauncher(_CheckedLaunch, _submitit.SlurmLauncher):
+    """submitit_slurm with the checks of ``_CheckedLaunch``."""

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gte_pro.utils.tables import markdown_table
 
 METRICS = ("ndcg@10", "mrr@10", "map@100", "recall@1", "recall@10", "recall@100")
 HELD_OUT = "held-out"  # the row of the training data's own validation split (logged as val/<metric>)
+
+
+def merge_results(results: Sequence[Mapping[str, Any]] | None) -> dict[str, float]:
+    """One flat dict from Lightning's per-dataloader results (the held-out split, then each eval.beir set)."""
+    return {key: float(value) for result in results or [] for key, value in result.items()}
 
 
 def metrics_by_set(flat: Mapping[str, float] | None, prefix: str = "val/") -> dict[str, dict[str, float]]:
@@ -29,15 +37,11 @@ def metrics_table(after: Mapping[str, float] | None, before: Mapping[str, float]
     columns = ["set"] + (["queries", "docs"] if sizes else []) + ["ndcg@10"]
     columns += ["ndcg@10 before"] if old else []
     columns += [m for m in METRICS if m != "ndcg@10"]
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(["---"] + ["---:"] * (len(columns) - 1)) + "|"]
+    table = []
     for name, values in rows.items():
-        cells = [name] + ([str(n) for n in sizes.get(name, ("", ""))] if sizes else [])
-        cells.append(_number(values.get("ndcg@10")))
-        cells += [_number(old.get(name, {}).get("ndcg@10"))] if old else []
-        cells += [_number(values.get(m)) for m in METRICS if m != "ndcg@10"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _number(value: float | None) -> str:
-    return "" if value is None else f"{value:.4f}"
+        cells: list[Any] = [name] + (list(sizes.get(name, (None, None))) if sizes else [])
+        cells.append(values.get("ndcg@10"))
+        cells += [old.get(name, {}).get("ndcg@10")] if old else []
+        cells += [values.get(m) for m in METRICS if m != "ndcg@10"]
+        table.append(cells)
+    return markdown_table(columns, table, numeric=[False] + [True] * (len(columns) - 1))

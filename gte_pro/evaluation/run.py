@@ -10,7 +10,6 @@ evaluated instead.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -19,11 +18,11 @@ from typing import Any
 from lightning.pytorch import LightningDataModule
 from omegaconf import DictConfig, OmegaConf
 
-from gte_pro.data.beir import EvalDataModule, eval_set_specs, load_eval_sets
+from gte_pro.builders import build_datamodule, build_encoder, build_module, build_trainer, seed_and_precision
+from gte_pro.evaluation.report import HELD_OUT, merge_results, metrics_by_set, metrics_table
+from gte_pro.evaluation.sets import EvalDataModule, eval_set_specs, load_eval_sets
 from gte_pro.model import Encoder
-from gte_pro.module import validation_sets
-from gte_pro.report import HELD_OUT, metrics_by_set, metrics_table
-from gte_pro.train import build_datamodule, build_encoder, build_module, build_trainer, seed_and_precision
+from gte_pro.utils.files import write_json_atomic, write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +37,6 @@ def eval_datamodule(cfg: DictConfig, encoder: Encoder) -> LightningDataModule:
     return build_datamodule(cfg, encoder.tokenizer, encoder.query_prefix, encoder.doc_prefix)
 
 
-def _merge(results: list[dict[str, Any]]) -> dict[str, float]:
-    """One flat dict from Lightning's per-dataloader result dicts."""
-    return {key: float(value) for result in results for key, value in result.items()}
-
-
 def _set_details(cfg: DictConfig, datamodule: Any) -> dict[str, dict[str, Any]]:
     """Where each set came from and how big it is, keyed like the metrics table."""
     origin = {}
@@ -51,7 +45,7 @@ def _set_details(cfg: DictConfig, datamodule: Any) -> dict[str, dict[str, Any]]:
                   for path, split, name in eval_set_specs(cfg.eval.beir, cfg.eval.get("split", "test"))}
     return {(name or HELD_OUT): {**origin.get(name, {"data": cfg.data.get("_target_")}),
                                  "queries": len(rs.queries), "docs": len(rs.corpus)}
-            for name, rs in validation_sets(datamodule)}
+            for name, rs in datamodule.validation_sets()}
 
 
 def evaluate(cfg: DictConfig) -> float | None:
@@ -65,7 +59,7 @@ def evaluate(cfg: DictConfig) -> float | None:
     # no checkpointing, early stopping or loggers: nothing is trained
     trainer = build_trainer(cfg, callbacks=[], loggers=[])
     start = time.perf_counter()
-    flat = _merge(trainer.validate(module, datamodule=datamodule, verbose=False))
+    flat = merge_results(trainer.validate(module, datamodule=datamodule, verbose=False))
     seconds = time.perf_counter() - start
     if trainer.is_global_zero:
         write_eval_report(output_dir, cfg, encoder, _set_details(cfg, datamodule), flat, seconds,
@@ -95,9 +89,9 @@ def write_eval_report(output_dir: Path, cfg: DictConfig, encoder: Encoder, detai
         "val": flat,
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
-    (output_dir / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json_atomic(output_dir / "metrics.json", summary)
     header = (f"# Retrieval evaluation\n\nmodel: `{encoder.name_or_path}` (pooling {encoder.pooling}, "
               f"normalize {encoder.normalize}), precision {cfg.trainer.precision}, {world_size} process(es), "
               f"{seconds:.1f} s\n\n")
-    (output_dir / "metrics.md").write_text(header + table)
+    write_text_atomic(output_dir / "metrics.md", header + table)
     print(f"{table}\nmetrics: {output_dir / 'metrics.json'}\ntable:   {output_dir / 'metrics.md'}")

@@ -1,0 +1,68 @@
+"""Config -> objects: the one place where a composed Hydra config becomes an encoder, a data module, a Lightning
+module, callbacks, loggers and a trainer. Both entry flows (``gte_pro.fit`` and ``gte_pro.evaluation.run``) and
+the benchmarks build through these functions, so a run is set up the same way wherever it starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.loggers import Logger
+from omegaconf import DictConfig, OmegaConf
+
+from gte_pro.model import Encoder
+from gte_pro.module import ContrastiveModule
+
+
+def instantiate_dict(group: DictConfig | None) -> list[Any]:
+    """Instantiate each ``_target_`` entry of a dict-valued group (callbacks, logger); ``none`` gives []."""
+    if not group:
+        return []
+    return [instantiate(node) for node in group.values() if isinstance(node, DictConfig) and "_target_" in node]
+
+
+def build_encoder(cfg: DictConfig) -> Encoder:
+    """The encoder from ``cfg.model`` (everything but ``lr``, which belongs to the optimizer)."""
+    options = {key: value for key, value in OmegaConf.to_container(cfg.model, resolve=True).items() if key != "lr"}
+    return instantiate(options)
+
+
+def seed_and_precision(cfg: DictConfig) -> None:
+    """Every run starts here: the seeded RNGs (data order, dropout, heads) and the fp32 matmul precision."""
+    seed_everything(cfg.seed, workers=True)
+    torch.set_float32_matmul_precision(cfg.get("matmul_precision", "high"))
+
+
+def build_datamodule(cfg: DictConfig, tokenizer: Any, query_prefix: str = "", doc_prefix: str = "") -> Any:
+    """The configured data module (``data/``), tokenizing with ``tokenizer`` and the model's prompts."""
+    return instantiate(cfg.data, tokenizer=tokenizer, query_prefix=query_prefix, doc_prefix=doc_prefix,
+                       seed=cfg.seed)
+
+
+def build_strategy(cfg: DictConfig) -> Any:
+    """``strategy/auto`` is a name for Lightning; the others are strategy objects built from their config."""
+    if "_target_" in cfg.strategy:
+        return instantiate(cfg.strategy)
+    return cfg.strategy.name
+
+
+def build_trainer(cfg: DictConfig, callbacks: list[Callback], loggers: list[Logger]) -> Trainer:
+    if not loggers:  # logger=none: the learning-rate monitor has nowhere to write and Lightning refuses it
+        callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
+    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, strategy=build_strategy(cfg))
+
+
+def build_module(cfg: DictConfig, encoder: Encoder) -> ContrastiveModule:
+    scheduler = cfg.get("scheduler")
+    return ContrastiveModule(
+        encoder=encoder,
+        loss=instantiate(cfg.loss),
+        optimizer=instantiate(cfg.optimizer),
+        lr=cfg.model.lr,
+        scheduler=instantiate(scheduler.fn) if scheduler else None,
+        warmup_ratio=scheduler.warmup_ratio if scheduler else 0.0,
+    )

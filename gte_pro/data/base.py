@@ -1,0 +1,277 @@
+"""The base Lightning data module: cleaning, the validation split, the token cache, batching and validation sets.
+
+Subclasses (one file per source: ``demo``, ``jsonl``, ``hf``, ``beir``) only say where the rows come from.
+"""
+
+from __future__ import annotations
+
+import abc
+import atexit
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, Dataset
+from transformers import PreTrainedTokenizerBase
+
+from gte_pro.data.cache import (
+    TokenizedCache,
+    cache_key,
+    publish,
+    temporary_folder,
+    tokenizer_fingerprint,
+    write_tokenized,
+)
+from gte_pro.data.collate import EvalCollator, TokenCollator
+from gte_pro.data.datasets import EvalTexts, ExampleView, TokenizedPairs
+from gte_pro.data.records import CleaningReport, DataError, Example, iter_clean_examples
+from gte_pro.data.sampling import LengthGroupedSampler
+from gte_pro.data.split import is_held_out
+from gte_pro.evaluation.metrics import RetrievalSet
+
+log = logging.getLogger(__name__)
+
+
+class ContrastiveDataModule(LightningDataModule, abc.ABC):
+    """Base: subclasses implement ``load_rows`` and ``source_signature``.
+
+    ``prepare_data`` (local rank 0) streams the training rows once through cleaning, the validation split and the
+    tokenizer into a memory-mapped token cache (``gte_pro.data.cache``); ``setup`` (every rank) opens it. A later
+    run with the same source, tokenizer and settings starts from the cache without reading the source again.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        batch_size: int = 32,
+        eval_batch_size: int = 64,
+        num_negatives: int = 0,
+        max_length: int = 256,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = False,
+        val_fraction: float = 0.05,
+        max_val_queries: int | None = 1000,
+        max_train_rows: int | None = None,
+        min_query_chars: int = 3,
+        min_doc_chars: int = 10,
+        query_prefix: str = "",
+        doc_prefix: str = "",
+        seed: int = 42,
+        cache_dir: str | None = None,
+        group_by_length: bool = True,
+        length_window: int = 50,
+    ) -> None:
+        super().__init__()
+        if batch_size < 2:
+            raise ValueError(f"data.batch_size={batch_size}: a contrastive batch needs at least 2 pairs")
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size
+        self.num_negatives = num_negatives
+        self.max_length = max_length
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.persistent_workers = persistent_workers and num_workers > 0
+        self.val_fraction = val_fraction
+        self.max_val_queries = max_val_queries
+        self.max_train_rows = max_train_rows
+        self.min_query_chars = min_query_chars
+        self.min_doc_chars = min_doc_chars
+        self.query_prefix = query_prefix
+        self.doc_prefix = doc_prefix
+        self.seed = seed
+        # where the token cache (and the demo corpus) live: conf/paths sets it; $GTE_PRO_CACHE for direct use
+        self.cache_dir = cache_dir or os.environ.get("GTE_PRO_CACHE") or "~/.cache/gte_pro"
+        self.group_by_length = group_by_length
+        self.length_window = length_window
+        self.token_cache: TokenizedCache | None = None
+        self.retrieval: RetrievalSet | None = None
+        self.reports: list[dict[str, Any]] = []
+        self._live_reports: list[CleaningReport] = []
+        self._private_cache: Path | None = None
+        # named sets validated after the held-out split (add_eval_sets: eval.beir)
+        self.extra_eval: list[tuple[str, RetrievalSet]] = []
+        self.extra_eval_batch_size = eval_batch_size
+        self.extra_eval_max_length = max_length
+
+    # --- what subclasses provide -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def load_rows(self) -> tuple[Iterable[Example], Iterable[Example] | None, list[str]]:
+        """(training rows, validation rows or None to split them off the training rows, distractor documents).
+
+        The training rows may be a generator: they are streamed once into the token cache, never held in memory.
+        """
+
+    def source_signature(self) -> Any:
+        """A JSON-able value that changes whenever the source's rows do (e.g. ``cache.file_signature`` of the
+        files): part of the token cache's key. None: no stable identity; the rows are tokenized once per process
+        into a private cache that is deleted at exit."""
+        return None
+
+    # --- shared logic ---------------------------------------------------------------------------------------
+    def _clean(self, rows: Iterable[Example], source: str) -> Iterator[Example]:
+        """The cleaned rows, lazily; the report (counts per drop reason) fills in as they are read."""
+        report = CleaningReport(source)
+        self._live_reports.append(report)
+        return iter_clean_examples(rows, report, self.min_query_chars, self.min_doc_chars)
+
+    def _record(self, report: CleaningReport | dict[str, Any]) -> None:
+        self._live_reports.append(CleaningReport.from_dict(report) if isinstance(report, dict) else report)
+
+    @property
+    def train_rows(self) -> Sequence[Example]:
+        """The cleaned training rows (read from the cache on access; empty before ``setup``)."""
+        return ExampleView(self.token_cache) if self.token_cache is not None else []
+
+    def _cache_folder(self) -> Path | None:
+        signature = self.source_signature()
+        if signature is None:
+            return None
+        tokenizer = self._require_tokenizer()
+        key = cache_key({
+            "source": signature, "module": type(self).__name__, "tokenizer": tokenizer_fingerprint(tokenizer),
+            "max_length": self.max_length, "query_prefix": self.query_prefix, "doc_prefix": self.doc_prefix,
+            "min_query_chars": self.min_query_chars, "min_doc_chars": self.min_doc_chars,
+            "val_fraction": self.val_fraction, "max_val_queries": self.max_val_queries,
+            "max_train_rows": self.max_train_rows,
+        })
+        return Path(self.cache_dir).expanduser() / "tokenized" / key
+
+    def _ensure_cache(self) -> Path:
+        folder = self._cache_folder()
+        if folder is None:
+            if self._private_cache is None:
+                private = Path(tempfile.mkdtemp(prefix="gte_pro_tokens_"))
+                atexit.register(shutil.rmtree, private, True)
+                self._private_cache = private / "cache"
+            folder = self._private_cache
+        if not (folder / "meta.json").is_file():
+            self._build_cache(folder)
+        return folder
+
+    def prepare_data(self) -> None:
+        self._ensure_cache()  # Lightning calls this on local rank 0 only, before the other ranks' setup
+
+    def _training_stream(self, rows: Iterable[Example], held_out: list[Example] | None) -> Iterator[Example]:
+        """Training rows as they stream by; with ``held_out``, queries in the validation buckets go there instead
+        (a stable hash of the query, so the split never drifts between runs or machines)."""
+        taken = 0
+        for example in rows:
+            if held_out is not None and is_held_out(example.query, self.val_fraction):
+                held_out.append(example)
+                continue
+            if self.max_train_rows and taken >= self.max_train_rows:
+                if held_out is None:
+                    break
+                continue  # keep reading: later rows may still be validation rows
+            taken += 1
+            yield example
+
+    def _build_cache(self, folder: Path) -> None:
+        tokenizer = self._require_tokenizer()
+        self._live_reports = []
+        tmp = temporary_folder(folder)
+        try:
+            train, val, distractors = self.load_rows()
+            held_out: list[Example] = []
+            rows = self._training_stream(train, held_out if val is None else None)
+            log.info("data: tokenizing the training rows into %s", folder)
+            count = write_tokenized(rows, tmp / "train.arrow", tokenizer, self.max_length, self.query_prefix,
+                                    self.doc_prefix)
+            val_rows = held_out if val is None else list(val)
+            reports = [report.as_dict() for report in self._live_reports]
+            self._check_rows(count, val_rows, reports)
+            val_rows, distractors = self._cap_validation(val_rows, list(distractors))
+            meta = {"rows": count, "reports": reports, "distractors": distractors,
+                    "val": [[ex.query, ex.positives, ex.negatives] for ex in val_rows]}
+            (tmp / "meta.json").write_text(json.dumps(meta))
+            publish(tmp, folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def _check_rows(self, count: int, val: list[Example], reports: list[dict[str, Any]]) -> None:
+        if not count:
+            raise DataError(f"{type(self).__name__}: no training rows left after cleaning "
+                            f"({'; '.join(r['source'] + ': ' + str(r['dropped']) for r in reports)})")
+        if not val:
+            raise DataError(f"{type(self).__name__}: no validation rows: provide a validation file or raise "
+                            f"data.val_fraction (now {self.val_fraction})")
+
+    def _cap_validation(self, val: list[Example], distractors: list[str]) -> tuple[list[Example], list[str]]:
+        if self.max_val_queries and len(val) > self.max_val_queries:
+            # the capped queries' positives stay in the corpus as distractors, so the task stays as hard
+            distractors = [p for ex in val[self.max_val_queries :] for p in ex.positives] + distractors
+            val = val[: self.max_val_queries]
+        return val, distractors
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.retrieval is not None:
+            return
+        cache = TokenizedCache(self._ensure_cache())
+        self.reports = cache.meta["reports"]
+        for report in self.reports:
+            log.info("%s", CleaningReport.from_dict(report).summary())
+        val, distractors = cache.validation()
+        self.token_cache = cache
+        self.retrieval = RetrievalSet.from_examples(val, distractors)
+        log.info("data: %d training pairs (token cache %s); validation: %d queries over a corpus of %d documents",
+                 len(cache), cache.folder, len(self.retrieval.queries), len(self.retrieval.corpus))
+
+    def _loader(self, dataset: Dataset, batch_size: int, collate: Any, shuffle: bool, drop_last: bool) -> DataLoader:
+        return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
+                          collate_fn=collate, num_workers=self.num_workers, pin_memory=self.pin_memory,
+                          persistent_workers=self.persistent_workers)
+
+    def _require_tokenizer(self) -> PreTrainedTokenizerBase:
+        if self.tokenizer is None:
+            raise RuntimeError("the data module needs the encoder's tokenizer (pass tokenizer=...)")
+        return self.tokenizer
+
+    def train_dataloader(self) -> DataLoader:
+        if self.token_cache is None:
+            raise RuntimeError("setup() first")
+        if len(self.token_cache) < self.batch_size:
+            raise DataError(f"only {len(self.token_cache)} training pairs, fewer than data.batch_size="
+                            f"{self.batch_size}: lower the batch size or add data")
+        pairs = TokenizedPairs(self.token_cache.token_rows(), self.num_negatives, self.seed)
+        collate = TokenCollator(self._require_tokenizer())
+        # drop_last: every step (and every rank) sees a full contrastive batch with the same number of negatives
+        if not self.group_by_length:
+            return self._loader(pairs, self.batch_size, collate, shuffle=True, drop_last=True)
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        sampler = LengthGroupedSampler(self.token_cache.lengths(), self.batch_size * world_size, self.length_window,
+                                       self.seed)
+        return DataLoader(pairs, batch_size=self.batch_size, sampler=sampler, drop_last=True, collate_fn=collate,
+                          num_workers=self.num_workers, pin_memory=self.pin_memory,
+                          persistent_workers=self.persistent_workers)
+
+    def add_eval_sets(self, sets: Sequence[tuple[str, RetrievalSet]], batch_size: int | None = None,
+                      max_length: int | None = None) -> None:
+        """Named retrieval sets (e.g. BEIR folders) validated after the held-out split, each logged on its own."""
+        self.extra_eval = list(sets)
+        self.extra_eval_batch_size = batch_size or self.eval_batch_size
+        self.extra_eval_max_length = max_length or self.max_length
+
+    def validation_sets(self) -> list[tuple[str, RetrievalSet]]:
+        """(name, set) in val-dataloader order; the unnamed first one is the training data's held-out split."""
+        assert self.retrieval is not None, "setup() first"
+        return [("", self.retrieval), *self.extra_eval]
+
+    def _eval_loader(self, retrieval: RetrievalSet, batch_size: int, max_length: int) -> DataLoader:
+        collate = EvalCollator(self._require_tokenizer(), max_length)
+        texts = EvalTexts(retrieval, self.query_prefix, self.doc_prefix, self.tokenizer, max_length)
+        return self._loader(texts, batch_size, collate, shuffle=False, drop_last=False)
+
+    def val_dataloader(self) -> DataLoader | list[DataLoader]:
+        main, *extra = self.validation_sets()
+        loaders = [self._eval_loader(main[1], self.eval_batch_size, self.max_length)]
+        loaders += [self._eval_loader(rs, self.extra_eval_batch_size, self.extra_eval_max_length) for _, rs in extra]
+        return loaders if extra else loaders[0]

@@ -1,0 +1,73 @@
+"""Collators: a list of rows -> the padded tensors of one batch (dynamic padding: each batch is padded to its own
+longest text, never to ``max_length``).
+
+Training batches hold ``query`` (B texts) and ``doc`` (the B positives, then the k negatives of each row in order,
+see ``gte_pro.losses.split_documents``); evaluation batches hold signed ``ids`` and ``features``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import PreTrainedTokenizerBase
+
+
+class PairCollator:
+    """Tokenizes queries and documents (positives, then the negatives of each row in order) separately."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_length: int, query_prefix: str = "",
+                 doc_prefix: str = "") -> None:
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.query_prefix = query_prefix
+        self.doc_prefix = doc_prefix
+
+    def _tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        return dict(self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
+                                   return_tensors="pt"))
+
+    def __call__(self, rows: list[tuple[str, str, list[str]]]) -> dict[str, Any]:
+        queries = [self.query_prefix + q for q, _, _ in rows]
+        docs = [self.doc_prefix + p for _, p, _ in rows]
+        docs += [self.doc_prefix + n for _, _, negatives in rows for n in negatives]
+        query, doc = self._tokenize(queries), self._tokenize(docs)
+        real_tokens = int(query["attention_mask"].sum()) + int(doc["attention_mask"].sum())
+        return {"query": query, "doc": doc, "num_negatives": len(rows[0][2]), "num_tokens": real_tokens}
+
+
+class TokenCollator:
+    """Pads cached token ids to each batch's longest text: the same tensors :class:`PairCollator` makes from texts."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        if tokenizer.pad_token_id is None:
+            raise ValueError(f"tokenizer {tokenizer.name_or_path} has no pad token: set tokenizer.pad_token")
+        self.pad_id = tokenizer.pad_token_id
+        self.left = tokenizer.padding_side == "left"
+        self.token_type_ids = "token_type_ids" in tokenizer.model_input_names
+
+    def pad(self, rows: list[list[int]]) -> dict[str, torch.Tensor]:
+        width = max(len(row) for row in rows)
+        ids = np.full((len(rows), width), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(rows), width), dtype=np.int64)
+        for i, row in enumerate(rows):
+            span = slice(width - len(row), width) if self.left else slice(0, len(row))
+            ids[i, span] = row
+            mask[i, span] = 1
+        features = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
+        if self.token_type_ids:
+            features["token_type_ids"] = torch.zeros_like(features["input_ids"])
+        return features
+
+    def __call__(self, rows: list[tuple[list[int], list[int], list[list[int]]]]) -> dict[str, Any]:
+        query = self.pad([q for q, _, _ in rows])
+        doc = self.pad([p for _, p, _ in rows] + [n for _, _, negatives in rows for n in negatives])
+        real_tokens = int(query["attention_mask"].sum()) + int(doc["attention_mask"].sum())
+        return {"query": query, "doc": doc, "num_negatives": len(rows[0][2]), "num_tokens": real_tokens}
+
+
+class EvalCollator(PairCollator):
+    def __call__(self, items: list[tuple[int, str]]) -> dict[str, Any]:  # type: ignore[override]
+        return {"ids": torch.tensor([i for i, _ in items], dtype=torch.long),
+                "features": self._tokenize([text for _, text in items])}

@@ -1,0 +1,37 @@
+"""``data=jsonl``: your own JSON-lines files."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from gte_pro.data.base import ContrastiveDataModule
+from gte_pro.data.cache import file_signature
+from gte_pro.data.records import DataError, Example, iter_pairs_jsonl
+
+
+class JsonlDataModule(ContrastiveDataModule):
+    """JSON-lines files: {"query", "positive", "negatives"} or FlagEmbedding's {"query", "pos", "neg"}.
+
+    The training file is streamed (parsed, cleaned and tokenized a chunk at a time): its size is not bounded by
+    memory.
+    """
+
+    def __init__(self, train_file: str, val_file: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not train_file:
+            raise DataError("data.train_file is required with data=jsonl")
+        self.train_file = str(Path(train_file).expanduser())
+        self.val_file = str(Path(val_file).expanduser()) if val_file else None
+
+    def source_signature(self) -> Any:
+        for path in filter(None, (self.train_file, self.val_file)):
+            if not Path(path).is_file():
+                raise DataError(f"{path}: file not found")
+        return file_signature(*filter(None, (self.train_file, self.val_file)))
+
+    def load_rows(self) -> tuple[Iterable[Example], Iterable[Example] | None, list[str]]:
+        train = self._clean(iter_pairs_jsonl(self.train_file), self.train_file)
+        val = self._clean(iter_pairs_jsonl(self.val_file), self.val_file) if self.val_file else None
+        return train, val, []

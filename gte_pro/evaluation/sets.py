@@ -1,0 +1,83 @@
+"""The retrieval sets named in ``eval.beir``: which folders, under which names, and the data module that serves
+them (to ``mode=eval``, or next to the held-out split during training)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import LightningDataModule
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader
+from transformers import PreTrainedTokenizerBase
+
+from gte_pro.data.beir import BeirSet, load_beir
+from gte_pro.data.collate import EvalCollator
+from gte_pro.data.datasets import EvalTexts
+from gte_pro.evaluation.metrics import RetrievalSet
+
+
+def eval_set_specs(entries: Sequence[Any], default_split: str) -> list[tuple[str, str, str]]:
+    """(path, split, name) per ``eval.beir`` entry: a folder, or a {path, split, name} mapping."""
+    specs = []
+    for entry in entries:
+        if isinstance(entry, DictConfig):
+            entry = OmegaConf.to_container(entry, resolve=True)
+        if isinstance(entry, Mapping):
+            unknown = set(entry) - {"path", "split", "name"}
+            if "path" not in entry or unknown:
+                raise ValueError(f"eval.beir entry {entry}: expected a folder or {{path, split, name}}"
+                                 + (f" (unknown keys: {', '.join(sorted(unknown))})" if unknown else ""))
+            path, split, name = str(entry["path"]), entry.get("split"), entry.get("name")
+        else:
+            path, split, name = str(entry), None, None
+        specs.append((path, str(split or default_split), str(name or Path(path).expanduser().name)))
+    names = [name for _, _, name in specs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"eval.beir: two sets are named {', '.join(duplicates)}; give each a name "
+                         f"({{path: ..., name: ...}})")
+    return specs
+
+
+def load_eval_sets(eval_cfg: Any) -> list[tuple[str, BeirSet]]:
+    """The BEIR sets that ``eval.beir`` names, loaded (each rank reads the files itself)."""
+    if not eval_cfg or not eval_cfg.get("beir"):
+        return []
+    return [(name, load_beir(path, split, name)) for path, split, name in
+            eval_set_specs(eval_cfg.beir, eval_cfg.get("split", "test"))]
+
+
+def attach_eval_sets(datamodule: Any, cfg: Any) -> None:
+    """Add ``cfg.eval.beir`` to the training data module's validation (logged as ``val/<name>/<metric>``)."""
+    sets = load_eval_sets(cfg.get("eval"))
+    if sets:
+        datamodule.add_eval_sets(sets, batch_size=cfg.eval.get("batch_size"), max_length=cfg.eval.get("max_length"))
+
+
+class EvalDataModule(LightningDataModule):
+    """Named retrieval sets only (``mode=eval``): one validation dataloader each, texts sorted by length."""
+
+    def __init__(self, sets: Sequence[tuple[str, RetrievalSet]], tokenizer: PreTrainedTokenizerBase,
+                 batch_size: int = 128, max_length: int = 512, query_prefix: str = "", doc_prefix: str = "",
+                 num_workers: int = 0) -> None:
+        super().__init__()
+        if not sets:
+            raise ValueError("EvalDataModule: no evaluation sets")
+        self.sets = list(sets)
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.collate = EvalCollator(tokenizer, max_length)
+        self.batch_size = batch_size
+        self.query_prefix = query_prefix
+        self.doc_prefix = doc_prefix
+        self.num_workers = num_workers
+
+    def validation_sets(self) -> list[tuple[str, RetrievalSet]]:
+        return list(self.sets)
+
+    def val_dataloader(self) -> list[DataLoader]:
+        return [DataLoader(EvalTexts(rs, self.query_prefix, self.doc_prefix, self.tokenizer, self.max_length),
+                           batch_size=self.batch_size, shuffle=False, collate_fn=self.collate,
+                           num_workers=self.num_workers) for _, rs in self.sets]

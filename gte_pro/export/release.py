@@ -1,0 +1,78 @@
+"""After training (rank 0): every export written and verified against the module, metrics.md, the model card and
+the deployment checks (the ``export/`` config group)."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from gte_pro.evaluation.report import metrics_table
+from gte_pro.export.card import card_sections, write_model_card
+from gte_pro.export.verify import (
+    VERIFY_TEXTS,
+    cpu_vs_device,
+    hf_embedder,
+    onnx_embedder,
+    st_or_own_embedder,
+    state_dict_round_trip,
+    verify_export,
+)
+from gte_pro.export.writers import export_hf, export_onnx
+from gte_pro.model import Encoder
+from gte_pro.utils.files import write_text_atomic
+
+log = logging.getLogger(__name__)
+
+
+def check_export_requirements(options: Any) -> None:
+    """Fail before training, not after it, when an export asks for packages that are not installed."""
+    if options and options.get("onnx"):
+        missing = [name for name in ("onnx", "onnxruntime") if importlib.util.find_spec(name) is None]
+        if missing:
+            raise ImportError(f"export.onnx=true needs {', '.join(missing)}: pip install -e '.[export]' "
+                              f"(or set export.onnx=false)")
+
+
+def export_and_verify(encoder: Encoder, output_dir: Path, options: Any,
+                      texts: Sequence[str] = VERIFY_TEXTS) -> dict[str, float]:
+    """Verify ``<run>/model`` (already written) and write + verify the optional exports: worst cosine of each."""
+    texts = list(texts)
+    reference = encoder.encode(texts)
+    min_cosine = float(options.get("min_cosine", 0.9999))
+    model_dir = output_dir / "model"
+    cosines = {"sentence_transformers": verify_export(
+        "sentence-transformers", reference, st_or_own_embedder(model_dir, encoder.max_length), texts, min_cosine)}
+    if options.get("hf"):
+        hf_dir = export_hf(encoder, output_dir / "hf")
+        cosines["hf"] = verify_export("Hugging Face", reference, hf_embedder(hf_dir), texts, min_cosine)
+    if options.get("onnx"):
+        onnx_path = export_onnx(encoder, output_dir / "model.onnx", opset=int(options.get("onnx_opset", 17)))
+        cosines["onnx"] = verify_export("ONNX", reference, onnx_embedder(onnx_path, model_dir), texts, min_cosine)
+    return cosines
+
+
+def release(encoder: Encoder, output_dir: Path, cfg: DictConfig, summary: dict[str, Any],
+            fresh: Callable[[], Encoder]) -> dict[str, Any]:
+    """Everything after ``<run>/model`` is written: exports + verification, metrics.md, model card, checks.
+
+    ``fresh`` builds a new encoder from the config (the state-dict round trip loads into it).
+    """
+    options = cfg.get("export") or OmegaConf.create({})
+    texts = list(VERIFY_TEXTS)
+    report: dict[str, Any] = {"verify_texts": len(texts), "min_cosine": export_and_verify(encoder, output_dir,
+                                                                                            options, texts)}
+    report["state_dict_round_trip_max_abs_diff"] = state_dict_round_trip(
+        encoder, fresh(), texts, float(options.get("round_trip_max_abs_diff", 1e-6)))
+    report["cpu_vs_gpu_max_abs_diff"] = cpu_vs_device(encoder, texts, float(options.get("gpu_max_abs_diff", 1e-4)))
+    table = metrics_table(summary.get("val"), summary.get("val_before"))
+    write_text_atomic(output_dir / "metrics.md", f"# Retrieval metrics after training\n\n{table}")
+    if options.get("model_card", True):
+        sections = card_sections(cfg, summary)
+        write_model_card(output_dir / "model", encoder, base_model=sections["base_model"], data=sections["data"],
+                         loss=sections["loss"], hyperparameters=sections["hyperparameters"], metrics_md=table)
+    return report

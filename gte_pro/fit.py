@@ -1,0 +1,130 @@
+"""``mode=train``: build everything from the config, validate, fit, validate the best model, export.
+
+Writes ``<run dir>/metrics.json`` and ``<run dir>/model/`` (plus the exports of ``export/``) on rank 0.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Trainer
+from lightning.pytorch.loggers import Logger
+from omegaconf import DictConfig, OmegaConf
+
+from gte_pro.builders import (
+    build_datamodule,
+    build_encoder,
+    build_module,
+    build_trainer,
+    instantiate_dict,
+    seed_and_precision,
+)
+from gte_pro.evaluation.report import merge_results
+from gte_pro.evaluation.sets import attach_eval_sets
+from gte_pro.export.release import check_export_requirements, release
+from gte_pro.export.writers import export_sentence_transformers
+from gte_pro.launch.preemption import PreemptionCheckpoint, under_submitit
+from gte_pro.launch.resume import resume_checkpoint
+from gte_pro.module import ContrastiveModule
+from gte_pro.utils.files import write_json_atomic
+
+log = logging.getLogger(__name__)
+
+
+def run_lr_find(trainer: Trainer, module: ContrastiveModule, datamodule: Any, output_dir: Path,
+                num_training: int = 100) -> float:
+    """Lightning's learning-rate range test; saves the plot and sets the module's lr to the suggestion.
+
+    The whole sweep is recorded (no early stop on divergence): the suggestion needs the full curve.
+    """
+    from lightning.pytorch.tuner import Tuner
+
+    if trainer.world_size > 1:
+        raise ValueError("lr_find=true runs on one device: drop strategy=ddp/devices>1 for the search, "
+                         "then train with the suggested model.lr")
+    finder = Tuner(trainer).lr_find(module, datamodule=datamodule, update_attr=True, attr_name="lr",
+                                    num_training=num_training, early_stop_threshold=None)
+    if finder is None or finder.suggestion() is None:
+        raise RuntimeError("the learning-rate finder produced no suggestion (loss curve too short or flat)")
+    figure = finder.plot(suggest=True)
+    figure.savefig(output_dir / "lr_find.png")
+    log.info("lr_find: suggested lr %.3g (plot: %s)", finder.suggestion(), output_dir / "lr_find.png")
+    return float(finder.suggestion())
+
+
+def _best_checkpoint(trainer: Trainer) -> str | None:
+    callback = trainer.checkpoint_callback
+    path = getattr(callback, "best_model_path", "") if callback else ""
+    return path or None
+
+
+def _finish_wandb(loggers: list[Logger]) -> None:
+    """A sweep runs many jobs in one process: close each job's wandb run so the next starts a new one."""
+    if any(type(lg).__name__ == "WandbLogger" for lg in loggers):
+        import wandb
+
+        wandb.finish()
+
+
+def _format(metrics: dict[str, float]) -> str:
+    return " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()))
+
+
+def fit(cfg: DictConfig) -> float | None:
+    """Fit an encoder as ``cfg`` says; write ``metrics.json`` and ``model/``; return ``cfg.optimized_metric``."""
+    seed_and_precision(cfg)
+    output_dir = Path(cfg.paths.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_path = resume_checkpoint(cfg.get("ckpt_path"), cfg.get("resume", "auto"), output_dir)
+    check_export_requirements(cfg.get("export"))
+
+    encoder = build_encoder(cfg)
+    datamodule = build_datamodule(cfg, encoder.tokenizer, encoder.query_prefix, encoder.doc_prefix)
+    attach_eval_sets(datamodule, cfg)  # eval.beir: validated (and logged) next to the held-out split
+    module = build_module(cfg, encoder)
+    callbacks = instantiate_dict(cfg.get("callbacks"))
+    if under_submitit():
+        callbacks.append(PreemptionCheckpoint(output_dir))
+    loggers = instantiate_dict(cfg.get("logger"))
+    trainer = build_trainer(cfg, callbacks, loggers)
+    for lg in loggers:
+        lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+
+    suggested_lr = None
+    if cfg.get("lr_find"):
+        suggested_lr = run_lr_find(trainer, module, datamodule, output_dir, cfg.get("lr_find_steps", 100))
+    before = None
+    if not ckpt_path:  # a resumed run was measured before its first start
+        before = merge_results(trainer.validate(module, datamodule=datamodule, verbose=False))
+        log.info("validation before training: %s", _format(before))
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    train_metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}
+    best_ckpt = _best_checkpoint(trainer)
+    after = merge_results(trainer.validate(module, datamodule=datamodule, ckpt_path=best_ckpt, verbose=False))
+    log.info("validation after training (%s): %s", best_ckpt or "last weights", _format(after))
+
+    if trainer.is_global_zero:
+        model_dir = export_sentence_transformers(module.encoder, output_dir / "model")
+        summary = {
+            "val_before": before,
+            "val": after,
+            "train": train_metrics,
+            "best_checkpoint": best_ckpt,
+            "model_dir": str(model_dir),
+            "global_step": trainer.global_step,
+            "world_size": trainer.world_size,
+            "resumed_from": ckpt_path,
+            "lr": module.lr,
+            "lr_find_suggestion": suggested_lr,
+            "data": getattr(datamodule, "reports", []),
+        }
+        write_json_atomic(output_dir / "metrics.json", summary)
+        # verified exports, model card, deployment checks: raises (failing the run) if an export is off
+        summary["exports"] = release(module.encoder, output_dir, cfg, summary, fresh=lambda: build_encoder(cfg))
+        write_json_atomic(output_dir / "metrics.json", summary)
+        print(f"metrics: {output_dir / 'metrics.json'}\nmodel:   {model_dir}")
+    _finish_wandb(loggers)
+    metric = cfg.get("optimized_metric")
+    return after.get(metric) if metric else None

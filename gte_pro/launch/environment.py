@@ -1,0 +1,102 @@
+"""One job's distributed environment.
+
+- A sweep runs its jobs one after another in one process. Lightning leaves the process group and MASTER_PORT,
+  LOCAL_RANK, WORLD_SIZE... in the environment, so the next job would believe it was started by a cluster:
+  ``job_scope`` restores the environment and destroys the process group after each job.
+- SLURM starts one task per device (Lightning reads SLURM_* and must not re-launch). ``submitit_local`` starts the
+  tasks too but does not look like SLURM: we export the torch.distributed variables ourselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+from gte_pro.launch.relaunch import patch_lightning_ddp_relaunch
+
+DIST_ENV_KEYS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GLOBAL_RANK",
+                 "LOCAL_WORLD_SIZE", "PL_GLOBAL_SEED", "PL_SEED_WORKERS")
+
+
+def _export_submitit_local_env() -> None:
+    """Under submitit's local executor with several tasks, tell torch.distributed who is who."""
+    tasks = int(os.environ.get("SUBMITIT_LOCAL_NTASKS", "1"))
+    if tasks <= 1 or "SUBMITIT_LOCAL_GLOBALID" not in os.environ:
+        return
+    job_id = os.environ.get("SUBMITIT_LOCAL_JOB_ID", "0")
+    os.environ.update({
+        "MASTER_ADDR": "127.0.0.1",
+        # every task of the job derives the same port from the job id
+        "MASTER_PORT": str(20000 + zlib.crc32(job_id.encode()) % 20000),
+        "WORLD_SIZE": str(tasks),
+        "RANK": os.environ["SUBMITIT_LOCAL_GLOBALID"],
+        "LOCAL_RANK": os.environ["SUBMITIT_LOCAL_LOCALID"],
+        "NODE_RANK": "0",
+    })
+
+
+def tasks_per_node_from_scheduler() -> int | None:
+    """Processes per node that SLURM or submitit_local started for this job, or None when neither did."""
+    if "SUBMITIT_LOCAL_NTASKS" in os.environ:
+        return int(os.environ["SUBMITIT_LOCAL_NTASKS"])
+    value = os.environ.get("SLURM_NTASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE")
+    if value and "SLURM_JOB_ID" in os.environ and os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
+        return int(value.split("(")[0].split(",")[0])
+    return None
+
+
+def check_devices_match_tasks(devices: Any, tasks_per_node: int | None) -> None:
+    """SLURM (or submitit_local) starts one process per device: the two numbers must agree."""
+    if tasks_per_node is None or str(devices) == "auto":
+        return
+    if int(devices) != tasks_per_node:
+        raise ValueError(
+            f"devices={devices} but the launcher runs {tasks_per_node} task(s) per node: set "
+            f"hydra.launcher.tasks_per_node={devices} (the launcher configs default it to ${{devices}}) "
+            f"or devices={tasks_per_node}"
+        )
+
+
+def _set_nccl_error_handling() -> None:
+    """On GPUs: a rank stuck in a collective (a dead peer, a rank still exporting) raises after the process-group
+    timeout (strategy.timeout) instead of hanging the job until the wall-clock limit. The user's values win."""
+    import torch
+
+    if torch.cuda.is_available():
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+
+
+@contextlib.contextmanager
+def without_distributed_env() -> Iterator[None]:
+    """The torch.distributed variables removed for the duration (restored after)."""
+    saved = {key: os.environ.pop(key) for key in DIST_ENV_KEYS if key in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def job_scope(devices: Any) -> Iterator[None]:
+    """Run one training job with a clean distributed environment, and leave one behind."""
+    saved = {key: os.environ.get(key) for key in DIST_ENV_KEYS}
+    check_devices_match_tasks(devices, tasks_per_node_from_scheduler())
+    _export_submitit_local_env()
+    _set_nccl_error_handling()
+    patch_lightning_ddp_relaunch()
+    try:
+        yield
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
