@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ import pyarrow as pa
 from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.records import Example
+from gte_pro.utils.files import temporary_sibling
 
 FORMAT_VERSION = 1
 TOKEN_COLUMNS = ["query", "positives", "negatives"]
@@ -159,7 +159,8 @@ def publish(tmp: Path, folder: Path) -> None:
 
 
 def temporary_folder(folder: Path) -> Path:
-    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+    """An empty build folder beside ``folder`` (the same naming as every other atomic write)."""
+    tmp = temporary_sibling(folder)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     return tmp
