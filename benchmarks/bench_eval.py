@@ -1,7 +1,8 @@
 """Corpus encoding throughput of gte-pro's evaluation vs sentence-transformers' ``encode``.
 
 Same model (the packaged all-MiniLM-L6-v2), same texts (demo corpus documents, in file order), same batch size and
-truncation, same threads. Variants run interleaved, ``--repeats`` times each; medians are reported.
+truncation, same threads. Variants run interleaved, ``--repeats`` times each; medians are reported. The variants
+share one process on purpose: the embeddings of each are compared with sentence-transformers' (min cosine).
 
     make bench-eval                     # or: .venv/bin/python benchmarks/bench_eval.py --texts 1000 --batch-size 32
 """
@@ -10,22 +11,25 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import harness
 import torch
 import torch.nn.functional as F
+from harness import Column, Result
 from torch.utils.data import DataLoader
 
 from gte_pro import packaged_minilm_path
-from gte_pro.data.datamodule import EvalCollator, EvalTexts
+from gte_pro.data.collate import EvalCollator
+from gte_pro.data.datasets import EvalTexts
 from gte_pro.data.demo import load_demo_splits
-from gte_pro.evaluation import RetrievalSet
+from gte_pro.evaluation.metrics import RetrievalSet
 from gte_pro.model import Encoder
 
-Run = Callable[[], tuple[torch.Tensor, float]]  # -> (embeddings in input order, real-token share of the batches)
+# -> (embeddings in input order, real-token share of the batches; None where the encoder does not say)
+Run = Callable[[], tuple[torch.Tensor, float | None]]
+REFERENCE = "sentence-transformers encode"
 
 
 def demo_texts(count: int, cache_dir: str) -> list[str]:
@@ -75,37 +79,42 @@ def sentence_transformers_model(max_length: int) -> Any:
 def st_encode(model: Any, texts: Sequence[str], batch_size: int) -> Run:
     """``SentenceTransformer.encode`` (which sorts by character length itself)."""
 
-    def run() -> tuple[torch.Tensor, float]:
-        return model.encode(list(texts), batch_size=batch_size, convert_to_tensor=True), float("nan")
+    def run() -> tuple[torch.Tensor, None]:
+        return model.encode(list(texts), batch_size=batch_size, convert_to_tensor=True), None
 
     return run
 
 
-def measure(runs: dict[str, Run], count: int, repeats: int) -> dict[str, dict[str, float]]:
-    """Interleaved repeats (drift in machine load hits every variant alike); median texts/s of each."""
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    results: dict[str, tuple[torch.Tensor, float]] = {}
-    for _ in range(repeats):
-        for name, run in runs.items():
-            start = time.perf_counter()
-            results[name] = run()
-            times[name].append(time.perf_counter() - start)
-    reference = results["sentence-transformers encode"][0]
-    return {name: {"texts_per_s": count / statistics.median(times[name]),
-                   "real_token_share": results[name][1],
-                   "min_cosine_vs_st": float(F.cosine_similarity(results[name][0], reference.cpu()).min())}
-            for name in runs}
+def measure(runs: dict[str, Run], count: int, repeats: int) -> tuple[dict[str, list[Result]], list[Result]]:
+    """Interleaved repeats; (every repeat's timing per variant, one row per variant with its medians)."""
+    embeddings: dict[str, torch.Tensor] = {}
+
+    def once(name: str, round_no: int) -> Result:
+        with harness.timed() as timing:
+            embeddings[name], share = runs[name]()
+        return {"seconds": timing.wall_s, "real_token_share": share}
+
+    rounds = harness.interleave(list(runs), repeats, once, lambda r: f"{r['seconds']:.2f} s")
+    rows = []
+    for name, results in rounds.items():
+        med = harness.medians(results, ["seconds", "real_token_share"])
+        if med is None:
+            rows.append({"variant": name, "error": results[0]["error"]})
+            continue
+        reference = embeddings.get(REFERENCE)
+        similar = None if reference is None else F.cosine_similarity(embeddings[name], reference.cpu()).min()
+        rows.append({"variant": name, "texts_per_s": count / med["seconds"], **med,
+                     "min_cosine_vs_st": None if similar is None else float(similar)})
+    return rounds, rows
 
 
-def table(stats: dict[str, dict[str, float]]) -> str:
-    base = stats["sentence-transformers encode"]["texts_per_s"]
-    lines = ["| variant | texts/s (median) | vs sentence-transformers | real tokens / padded | min cosine vs ST |",
-             "|---|---:|---:|---:|---:|"]
-    for name, s in stats.items():
-        share = "n/a" if s["real_token_share"] != s["real_token_share"] else f"{s['real_token_share']:.2f}"
-        lines.append(f"| {name} | {s['texts_per_s']:.1f} | {s['texts_per_s'] / base:.2f}x | {share} | "
-                     f"{s['min_cosine_vs_st']:.6f} |")
-    return "\n".join(lines)
+def table(rows: list[Result]) -> str:
+    base = next((r.get("texts_per_s") for r in rows if r["variant"] == REFERENCE), None)
+    return harness.table([
+        Column("variant", "variant", numeric=False, key=True), Column("texts/s (median)", "texts_per_s", ".1f"),
+        Column("vs sentence-transformers", lambda r: harness.ratio(r["texts_per_s"], base)),
+        Column("real tokens / padded", lambda r: r.get("real_token_share", "n/a"), ".2f"),  # encode does not say
+        Column("min cosine vs ST", "min_cosine_vs_st", ".6f")], rows)
 
 
 def main() -> None:
@@ -115,21 +124,23 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cache-dir", default=os.environ.get("GTE_PRO_CACHE", "~/.cache/gte_pro"))
+    parser.add_argument("--json", help="write every repeat's timings and the medians to this file")
     args = parser.parse_args()
     texts = demo_texts(args.texts, args.cache_dir)
     encoder = Encoder(packaged_minilm_path(), max_length=args.max_length).eval()
     st_model = sentence_transformers_model(args.max_length)
     runs = {"gte-pro evaluation (sorted by tokens, inference mode)": ours(encoder, texts, args.batch_size, sort=True),
             "gte-pro evaluation, file order (no sort)": ours(encoder, texts, args.batch_size, sort=False),
-            "sentence-transformers encode": st_encode(st_model, texts, args.batch_size)}
+            REFERENCE: st_encode(st_model, texts, args.batch_size)}
     # warm-up on a few batches: first-call allocations and lazy initialisation stay out of the timings
     ours(encoder, texts[:64], args.batch_size, sort=True)()
     st_encode(st_model, texts[:64], args.batch_size)()
-    stats = measure(runs, len(texts), args.repeats)
+    rounds, rows = measure(runs, len(texts), args.repeats)
     print(f"{len(texts)} demo-corpus documents, all-MiniLM-L6-v2, batch {args.batch_size}, max_length "
           f"{args.max_length}, {torch.get_num_threads()} threads, torch {torch.__version__}, median of "
           f"{args.repeats}\n")
-    print(table(stats))
+    print(table(rows), end="")
+    harness.write_json(args.json, {"settings": vars(args), "runs": rounds, "medians": rows})
 
 
 if __name__ == "__main__":

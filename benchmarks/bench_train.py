@@ -16,7 +16,7 @@ Variants (spec ``kind[:key=value[:key=value...]]``; overrides apply to ours, pla
 ``:`` or ``,``):
 
   ours   the product path: conf/train.yaml composed with Hydra (as ``python train.py`` does; logger=none,
-         callbacks=none, no checkpointing, validation or export), gte_pro.train's builders, ``trainer.fit``
+         callbacks=none, no checkpointing, validation or export), gte_pro.builders, ``trainer.fit``
   plain  a hand-written PyTorch loop over exactly the same batches (same composed config, same seed, the data
          module's own train_dataloader), same encoder, loss, AdamW parameter groups, schedule and clipping; no
          Lightning: the framework-overhead floor
@@ -25,36 +25,34 @@ Variants (spec ``kind[:key=value[:key=value...]]``; overrides apply to ours, pla
   seed   the seed article's recipe: every text padded to 512 tokens, CLS pooling + a linear projection head
 
 Each measurement runs in a fresh subprocess (peak RSS is per variant); rounds are interleaved (A B C D, A B C D, ...)
-and medians are reported. The first ``WARMUP_STEPS`` steps are trained but not timed. A variant that fails (an
-exception, a non-zero exit, the OOM killer, ``--timeout``) is recorded with its reason and the other variants go on.
+and medians are reported (all three by ``benchmarks/harness.py``). The first ``WARMUP_STEPS`` steps are trained but
+not timed. A variant that fails (an exception, a non-zero exit, the OOM killer, ``--timeout``) is recorded with its
+reason and the other variants go on.
 
 With ``--eval`` each trained model is saved in sentence-transformers layout and scored by one evaluator, in its own
 subprocess: ``gte_pro.model.Encoder(folder)`` embeds the held-out validation set of the composed data config (the demo
-corpus by default) and ``gte_pro.evaluation.evaluate_embeddings`` computes NDCG@10 and Recall@10. The untrained model
-is scored once for reference. The seed recipe's projection head has no sentence-transformers form: it is not scored.
+corpus by default) and ``gte_pro.evaluation.metrics.evaluate_embeddings`` computes NDCG@10 and Recall@10. The
+untrained model is scored once for reference. The seed recipe's projection head has no sentence-transformers form:
+it is not scored.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
-import re
-import resource
 import shlex
 import shutil
-import signal
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import harness
+from harness import Column, Result
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -62,7 +60,9 @@ KINDS = ("ours", "plain", "st", "seed")
 CONFIG_KINDS = ("ours", "plain", "seed")  # built from the composed Hydra config; accept overrides
 WARMUP_STEPS = 2
 SEED_RECIPE_LENGTH = 512
-MB = 2**20
+METRICS = ("ndcg@10", "recall@10")
+MEDIANS = ("samples_per_s", "real_tokens_per_s", "padding_fraction", "gflops", "peak_rss_mb", "peak_gpu_mb", *METRICS)
+Runs = dict[str, list[Result]]  # variant spec -> one result per round
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def base_overrides(opts: argparse.Namespace) -> list[str]:
     return overrides
 
 
-def compose_cfg(opts: argparse.Namespace, extra: list[str] | tuple[str, ...] = ()) -> Any:
+def compose_cfg(opts: argparse.Namespace, extra: Sequence[str] = ()) -> Any:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import open_dict
@@ -145,16 +145,12 @@ class StepClock:
         self.losses: list[float] = []
 
     def tick(self, real: int, padded: int, loss: Any) -> None:
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        self.times.append(time.perf_counter())
+        self.times.append(harness.clock())
         self.real.append(int(real))
         self.padded.append(int(padded))
         self.losses.append(float(loss))
 
-    def summary(self, batch_size: int, params: int) -> dict[str, Any]:
+    def summary(self, batch_size: int, params: int) -> Result:
         if len(self.times) <= WARMUP_STEPS:
             raise RuntimeError(f"only {len(self.times)} steps ran: too little data for the requested steps?")
         seconds = self.times[-1] - self.times[WARMUP_STEPS - 1]
@@ -187,19 +183,17 @@ def non_embedding_params(model: Any) -> int:
     return sum(p.numel() for name, p in model.named_parameters() if "embeddings" not in name)
 
 
-def peak_memory() -> dict[str, float | None]:
-    import torch
-
-    gpu = torch.cuda.max_memory_allocated() / MB if torch.cuda.is_available() else None
-    return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "peak_gpu_mb": gpu}
+def trained(clock: StepClock, batch_size: int, backbone: Any, first_batch: str | None) -> Result:
+    """What every variant reports: its throughput figures, its peak memory, the fingerprint of its first batch."""
+    return {**clock.summary(batch_size, non_embedding_params(backbone)), **harness.peak_memory(),
+            "first_batch": first_batch}
 
 
 # --- ours: the product path ---------------------------------------------------------------------------------------
-def run_ours(opts: argparse.Namespace, variant: Variant) -> dict[str, Any]:
+def run_ours(opts: argparse.Namespace, variant: Variant) -> Result:
     from lightning.pytorch import Callback
 
-    from gte_pro.export import export_sentence_transformers
-    from gte_pro.train import (
+    from gte_pro.builders import (
         build_datamodule,
         build_encoder,
         build_module,
@@ -207,6 +201,7 @@ def run_ours(opts: argparse.Namespace, variant: Variant) -> dict[str, Any]:
         instantiate_dict,
         seed_and_precision,
     )
+    from gte_pro.export.writers import export_sentence_transformers
 
     cfg = compose_cfg(opts, variant.overrides)
     clock, first = StepClock(), {}
@@ -223,8 +218,7 @@ def run_ours(opts: argparse.Namespace, variant: Variant) -> dict[str, Any]:
     module = build_module(cfg, encoder)
     trainer = build_trainer(cfg, [*instantiate_dict(cfg.get("callbacks")), Clock()], [])
     trainer.fit(module, datamodule=datamodule)
-    result = {**clock.summary(cfg.data.batch_size, non_embedding_params(encoder.backbone)), **peak_memory(),
-              "first_batch": first.get("batch")}
+    result = trained(clock, cfg.data.batch_size, encoder.backbone, first.get("batch"))
     if opts.save_dir:
         export_sentence_transformers(module.encoder, opts.save_dir)
     return result
@@ -256,20 +250,32 @@ def pad_to(features: dict[str, Any], length: int, pad_id: int) -> dict[str, Any]
             features.items()}
 
 
-def run_plain(opts: argparse.Namespace, variant: Variant, seed_recipe: bool = False) -> dict[str, Any]:
-    import torch
-    import torch.nn.functional as F
+def optimization(cfg: Any, model: Any) -> tuple[Any, Any, Any]:
+    """(loss, optimizer, scheduler or None) exactly as ContrastiveModule configures them."""
     from hydra.utils import instantiate
 
-    from gte_pro.export import export_sentence_transformers
     from gte_pro.module import build_scheduler, param_groups
-    from gte_pro.train import build_datamodule, build_encoder, seed_and_precision
+
+    optimizer = instantiate(cfg.optimizer)(param_groups(model), lr=cfg.model.lr)
+    schedule = cfg.get("scheduler")
+    scheduler = (build_scheduler(instantiate(schedule.fn), optimizer, schedule.warmup_ratio, cfg.trainer.max_steps)
+                 if schedule else None)
+    return instantiate(cfg.loss), optimizer, scheduler
+
+
+def run_plain(opts: argparse.Namespace, variant: Variant, seed_recipe: bool = False) -> Result:
+    import torch
+    import torch.nn.functional as F
+
+    from gte_pro.builders import build_datamodule, build_encoder, seed_and_precision
+    from gte_pro.export.writers import export_sentence_transformers
+    from gte_pro.losses import split_documents
 
     recipe = [f"data.max_length={SEED_RECIPE_LENGTH}", "model.pooling=cls"] if seed_recipe else []
     cfg = compose_cfg(opts, [*recipe, *variant.overrides])
     if cfg.loss.get("mini_batch_size"):
         raise ValueError("plain/seed loops do not implement loss.mini_batch_size (GradCache)")
-    device, total = device_of(), cfg.trainer.max_steps
+    device = device_of()
     seed_and_precision(cfg)
     encoder = build_encoder(cfg).to(device)
     datamodule = build_datamodule(cfg, encoder.tokenizer, encoder.query_prefix, encoder.doc_prefix)
@@ -278,10 +284,7 @@ def run_plain(opts: argparse.Namespace, variant: Variant, seed_recipe: bool = Fa
     with torch.random.fork_rng(devices=[]):  # the head's init must not move the RNG the sampler draws from
         head = torch.nn.Linear(encoder.dim, encoder.dim) if seed_recipe else torch.nn.Identity()
     model = torch.nn.ModuleList([encoder, head.to(device)])
-    loss_fn = instantiate(cfg.loss)
-    optimizer = instantiate(cfg.optimizer)(param_groups(model), lr=cfg.model.lr)
-    schedule = cfg.get("scheduler")
-    scheduler = build_scheduler(instantiate(schedule.fn), optimizer, schedule.warmup_ratio, total) if schedule else None
+    loss_fn, optimizer, scheduler = optimization(cfg, model)
     clip = cfg.trainer.get("gradient_clip_val")
 
     def embed(features: dict[str, Any]) -> Any:
@@ -292,12 +295,11 @@ def run_plain(opts: argparse.Namespace, variant: Variant, seed_recipe: bool = Fa
         return encoder(**features), features
 
     clock, first = StepClock(), None
-    for batch in epochs(datamodule.train_dataloader(), total):
+    for batch in epochs(datamodule.train_dataloader(), cfg.trainer.max_steps):
         first = first or fingerprint(batch["query"], batch["doc"])
         with autocast(opts):
             (query, q), (docs, d) = embed(batch["query"]), embed(batch["doc"])
-            size, k = query.shape[0], batch["num_negatives"]
-            out = loss_fn(query, docs[:size], docs[size:].reshape(size, k, -1) if k else None)
+            out = loss_fn(query, *split_documents(docs, query.shape[0], batch["num_negatives"]))
         out.loss.backward()
         if clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
@@ -306,8 +308,7 @@ def run_plain(opts: argparse.Namespace, variant: Variant, seed_recipe: bool = Fa
             scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         clock.tick(*token_counts(q, d), out.loss.detach())
-    result = {**clock.summary(cfg.data.batch_size, non_embedding_params(encoder.backbone)), **peak_memory(),
-              "first_batch": first}
+    result = trained(clock, cfg.data.batch_size, encoder.backbone, first)
     if opts.save_dir and not seed_recipe:  # the seed recipe's head has no sentence-transformers form
         export_sentence_transformers(encoder, opts.save_dir)
     return result
@@ -322,7 +323,7 @@ def st_pairs(cfg: Any, tokenizer: Any) -> Any:
     """The training pairs of the composed data config (after its cleaning and held-out split), as a dataset."""
     import datasets
 
-    from gte_pro.train import build_datamodule
+    from gte_pro.builders import build_datamodule
 
     datamodule = build_datamodule(cfg, tokenizer)
     datamodule.prepare_data()
@@ -349,7 +350,7 @@ def st_arguments(opts: argparse.Namespace, cfg: Any) -> Any:
     )
 
 
-def run_st(opts: argparse.Namespace, variant: Variant) -> dict[str, Any]:
+def run_st(opts: argparse.Namespace, variant: Variant) -> Result:
     import torch
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
@@ -382,19 +383,19 @@ def run_st(opts: argparse.Namespace, variant: Variant) -> dict[str, Any]:
     trainer = SentenceTransformerTrainer(model=model, args=targs, train_dataset=st_pairs(cfg, model.tokenizer),
                                          loss=loss, callbacks=[Clock()])
     trainer.train()
-    result = {**clock.summary(cfg.data.batch_size, non_embedding_params(model[0].auto_model)), **peak_memory(),
-              "first_batch": first.get("batch"), "st_optim": str(getattr(targs.optim, "value", targs.optim))}
+    result = {**trained(clock, cfg.data.batch_size, model[0].auto_model, first.get("batch")),
+              "st_optim": str(getattr(targs.optim, "value", targs.optim))}
     if opts.save_dir:
         model.save(opts.save_dir)
     return result
 
 
 # --- scoring: one evaluator for every variant ------------------------------------------------------------------------
-def score_model(opts: argparse.Namespace) -> dict[str, Any]:
+def score_model(opts: argparse.Namespace) -> Result:
     """NDCG@10 / Recall@10 of the model in ``opts.model_dir`` (None: the untrained one) on the held-out split."""
-    from gte_pro.evaluation import RetrievalSet, evaluate_embeddings
+    from gte_pro.builders import build_datamodule
+    from gte_pro.evaluation.metrics import RetrievalSet, evaluate_embeddings
     from gte_pro.model import Encoder
-    from gte_pro.train import build_datamodule
 
     cfg = compose_cfg(opts)
     encoder = Encoder(opts.model_dir or cfg.model.name_or_path, max_length=cfg.eval.max_length,
@@ -413,102 +414,87 @@ def score_model(opts: argparse.Namespace) -> dict[str, Any]:
             "corpus": len(held_out.corpus)}
 
 
-def child_main(opts: argparse.Namespace) -> None:
-    """Entry point of a subprocess: train one variant (``opts.spec``) or score one model; result as JSON file."""
+# --- child entry points (run by harness.run_child, one fresh process each) ------------------------------------------
+def _child_opts(payload: dict[str, Any]) -> argparse.Namespace:
     import torch
 
-    torch.set_num_threads(opts.threads)
-    if opts.task == "score":
-        result = score_model(opts)
-    else:
-        variant = parse_variants(opts.spec)[0]
-        runner = {"ours": run_ours, "plain": run_plain, "st": run_st,
-                  "seed": lambda o, v: run_plain(o, v, seed_recipe=True)}[variant.kind]
-        result = {**runner(opts, variant), "device": str(device_of()), "torch_threads": torch.get_num_threads()}
-    Path(opts.result_file).write_text(json.dumps(result))
+    torch.set_num_threads(payload["threads"])
+    return argparse.Namespace(**payload)
 
 
-# --- the parent: subprocesses, rounds, table -------------------------------------------------------------------------
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
+def train_child(payload: dict[str, Any]) -> Result:
+    """Train one variant (``payload["spec"]``)."""
+    import torch
+
+    opts = _child_opts(payload)
+    variant = parse_variants(opts.spec)[0]
+    runner = {"ours": run_ours, "plain": run_plain, "st": run_st,
+              "seed": lambda o, v: run_plain(o, v, seed_recipe=True)}[variant.kind]
+    return {**runner(opts, variant), "device": str(device_of()), "torch_threads": torch.get_num_threads()}
 
 
-def failure_reason(returncode: int, stderr: str) -> str:
-    if returncode < 0:
-        name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else "?"
-        hint = " (out of memory?)" if -returncode == signal.SIGKILL else ""
-        return f"killed by signal {-returncode} {name}{hint}"
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    cause = next((ln for ln in reversed(lines) if _EXCEPTION_LINE.match(ln)), lines[-1] if lines else "no output")
-    return f"exit code {returncode}: {cause[:240]}"
+def score_child(payload: dict[str, Any]) -> Result:
+    """Score one model folder (``payload["model_dir"]``; None: the untrained model)."""
+    return score_model(_child_opts(payload))
 
 
-def run_child(opts: dict[str, Any], timeout: float, work: Path) -> dict[str, Any]:
-    """Run ``child_main`` with ``opts`` in a fresh process; its result, or ``{"error": reason}``."""
-    result_file = Path(tempfile.mkstemp(suffix=".json", dir=work)[1])
-    cmd = [sys.executable, __file__, "--child", json.dumps({**opts, "result_file": str(result_file)})]
-    env = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **os.environ}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        _, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the child's own session: it and anything it started
-        _, stderr = proc.communicate()
-        return {"error": f"timed out after {timeout:.0f} s", "stderr_tail": stderr[-3000:]}
-    text = result_file.read_text() if result_file.exists() else ""
-    result_file.unlink(missing_ok=True)
-    if proc.returncode or not text:
-        return {"error": failure_reason(proc.returncode, stderr), "stderr_tail": stderr[-3000:]}
-    return json.loads(text)
-
-
+# --- the parent: what one round of a variant is, the table, the footnotes ---------------------------------------------
 def child_options(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     keys = ("batch_size", "max_length", "steps", "seed", "precision", "threads", "pairs", "pairs_file",
             "eval_queries")
     return {**{k: getattr(args, k) for k in keys}, "work_dir": str(work)}
 
 
-def measure(args: argparse.Namespace, variant: Variant, round_no: int, work: Path) -> dict[str, Any]:
+def measure(args: argparse.Namespace, variant: Variant, round_no: int, work: Path) -> Result:
     """One training run of ``variant``, then (with --eval) its score; the model folder is removed afterwards."""
     save_dir = work / f"model_{round_no}_{hashlib.sha1(variant.spec.encode()).hexdigest()[:8]}"
     scored = args.eval and variant.kind != "seed"
-    opts = {**child_options(args, work), "task": "train", "spec": variant.spec,
-            "save_dir": str(save_dir) if scored else None}
-    result = run_child(opts, args.timeout, work)
+    opts = {**child_options(args, work), "spec": variant.spec, "save_dir": str(save_dir) if scored else None}
+    result = harness.run_child(train_child, opts, work, args.timeout)
     if scored and "error" not in result:
-        score = run_child({**child_options(args, work), "task": "score", "model_dir": str(save_dir)},
-                          args.timeout, work)
-        result["score"] = score
+        result["score"] = harness.run_child(score_child, {**child_options(args, work), "model_dir": str(save_dir)},
+                                            work, args.timeout)
     shutil.rmtree(save_dir, ignore_errors=True)
     return result
 
 
-def progress(round_no: int, rounds: int, spec: str, result: dict[str, Any]) -> None:
-    if "error" in result:
-        line = f"FAILED: {result['error']}"
-    else:
-        line = f"{result['samples_per_s']:.2f} samples/s"
-        score = result.get("score") or {}
-        line += f", ndcg@10 {score['ndcg@10']:.4f}" if "ndcg@10" in score else ""
-        line += f", scoring FAILED: {score['error']}" if "error" in score else ""
-    print(f"round {round_no + 1}/{rounds} {spec}: {line}", file=sys.stderr, flush=True)
+def describe(result: Result) -> str:
+    """The progress line of a successful round."""
+    line = f"{result['samples_per_s']:.2f} samples/s"
+    score = result.get("score") or {}
+    line += f", ndcg@10 {score['ndcg@10']:.4f}" if "ndcg@10" in score else ""
+    return line + (f", scoring FAILED: {score['error']}" if "error" in score else "")
 
 
-def medians(results: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Medians over the successful rounds (None when every round failed)."""
-    ok = [r for r in results if "error" not in r]
-    if not ok:
-        return None
-    keys = ("samples_per_s", "real_tokens_per_s", "padding_fraction", "gflops", "peak_rss_mb", "peak_gpu_mb")
-    out = {k: statistics.median(r[k] for r in ok) for k in keys if all(r.get(k) is not None for r in ok)}
-    scores = [r["score"] for r in ok if "ndcg@10" in (r.get("score") or {})]
-    for metric in ("ndcg@10", "recall@10"):
-        if scores:
-            out[metric] = statistics.median(s[metric] for s in scores)
-    return out
+def medians(results: Sequence[Result]) -> Result | None:
+    """Medians over the successful rounds (None when every round failed); quality over the scored rounds."""
+    flat = [{**r, **{k: v for k, v in (r.get("score") or {}).items() if k in METRICS}} for r in results]
+    return harness.medians(flat, MEDIANS)
 
 
-def batch_check(runs: dict[str, list[dict[str, Any]]], variants: list[Variant]) -> list[str]:
+def columns(med: Mapping[str, Result | None], gpu: bool, eval_on: bool) -> list[Column]:
+    speed = {kind: (med.get(kind) or {}).get("samples_per_s") for kind in ("st", "plain")}
+    cols = [Column("variant", "variant", numeric=False, key=True), Column("samples/s", "samples_per_s", ".2f"),
+            Column("vs st", lambda r: harness.ratio(r.get("samples_per_s"), speed["st"])),
+            Column("vs plain", lambda r: harness.ratio(r.get("samples_per_s"), speed["plain"])),
+            Column("real tokens/s", "real_tokens_per_s", ".0f"), Column("padding", "padding_fraction", ".2f"),
+            Column("GFLOP/s", "gflops", ".1f"), Column("peak RSS MB", "peak_rss_mb", ".0f")]
+    cols += [Column("peak GPU MB", "peak_gpu_mb", ".0f")] * gpu
+    # the seed recipe's head is not exportable, hence never scored: n/a rather than a missing score
+    return cols + [Column(m, lambda r, m=m: r.get(m, "n/a" if r["variant"].split(":")[0] == "seed" else None),
+                          ".4f") for m in METRICS] * eval_on
+
+
+def table(runs: Runs, eval_on: bool) -> str:
+    med = {spec: medians(results) for spec, results in runs.items()}
+    gpu = any(m and m.get("peak_gpu_mb") is not None for m in med.values())
+    rows = [{"variant": spec, **m} if m is not None else
+            {"variant": spec, "error": runs[spec][0]["error"] if runs[spec] else "did not run"}
+            for spec, m in med.items()]
+    return harness.table(columns(med, gpu, eval_on), rows)
+
+
+def batch_check(runs: Runs, variants: Sequence[Variant]) -> list[str]:
     """Does plain train on exactly ours' batches? Compares the first batches' input-id fingerprints of each
     ``ours[:overrides]`` with ``plain[:same overrides]``."""
     prints = {v.spec: {r["first_batch"] for r in runs[v.spec] if r.get("first_batch")} for v in variants}
@@ -529,43 +515,14 @@ def batch_check(runs: dict[str, list[dict[str, Any]]], variants: list[Variant]) 
     return notes
 
 
-def _ratio(value: float, base: dict[str, Any] | None) -> str:
-    return f"{value / base['samples_per_s']:.2f}x" if base else "-"
-
-
-def table(runs: dict[str, list[dict[str, Any]]], eval_on: bool) -> list[str]:
-    med = {spec: medians(results) for spec, results in runs.items()}
-    gpu = any(m and m.get("peak_gpu_mb") is not None for m in med.values())
-    header = ["variant", "samples/s", "vs st", "vs plain", "real tokens/s", "padding", "GFLOP/s", "peak RSS MB"]
-    header += ["peak GPU MB"] * gpu + ["ndcg@10", "recall@10"] * eval_on
-    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
-    for spec, m in med.items():
-        if m is None:
-            reason = runs[spec][0]["error"] if runs[spec] else "did not run"
-            lines.append(f"| {spec} | failed: {reason} |" + " - |" * (len(header) - 2))
-            continue
-        cells = [spec, f"{m['samples_per_s']:.2f}", _ratio(m["samples_per_s"], med.get("st")),
-                 _ratio(m["samples_per_s"], med.get("plain")), f"{m['real_tokens_per_s']:.0f}",
-                 f"{m['padding_fraction']:.2f}", f"{m['gflops']:.1f}", f"{m['peak_rss_mb']:.0f}"]
-        cells += [f"{m['peak_gpu_mb']:.0f}" if m.get("peak_gpu_mb") is not None else "-"] * gpu
-        unscored = "n/a" if spec.split(":")[0] == "seed" else "-"  # the seed recipe's head is not exportable
-        cells += [f"{m[k]:.4f}" if k in m else unscored for k in ("ndcg@10", "recall@10")] * eval_on
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
-
-
-def footnotes(runs: dict[str, list[dict[str, Any]]], variants: list[Variant]) -> list[str]:
-    notes = []
+def footnotes(runs: Runs, variants: Sequence[Variant]) -> list[str]:
+    notes = harness.failure_notes(runs)
     for spec, results in runs.items():
-        failed = [r for r in results if "error" in r]
-        if failed and len(failed) < len(results):
-            notes.append(f"{spec}: {len(failed)}/{len(results)} rounds failed ({failed[0]['error']}); "
-                         "medians over the others")
         bad_scores = [r["score"]["error"] for r in results if "error" in (r.get("score") or {})]
         if bad_scores:
             notes.append(f"{spec}: scoring failed in {len(bad_scores)} round(s): {bad_scores[0]}")
-    med = {spec: medians(results) for spec, results in runs.items()}
-    if med.get("ours") and med.get("plain") and med["ours"]["samples_per_s"] > 1.05 * med["plain"]["samples_per_s"]:
+    ours, plain = medians(runs.get("ours", [])), medians(runs.get("plain", []))
+    if ours and plain and ours["samples_per_s"] > 1.05 * plain["samples_per_s"]:
         notes.append("NOTE: ours is faster than the plain loop it is built on: check that they do the same work")
     return notes + batch_check(runs, variants)
 
@@ -586,53 +543,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-queries", type=int, default=None, help="score on the first N held-out queries")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per subprocess before it is killed")
     parser.add_argument("--json", help="write every round's raw results to this file")
-    parser.add_argument("--child", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
 def main() -> None:
     args = parse_args()
-    if args.child:
-        child_main(argparse.Namespace(**json.loads(args.child)))
-        return
     command = shlex.join([sys.executable, *sys.argv])
     print(f"$ {command}", flush=True)
-    variants = parse_variants(args.variants)
-    runs: dict[str, list[dict[str, Any]]] = {v.spec: [] for v in variants}
+    variants = {v.spec: v for v in parse_variants(args.variants)}
     untrained = None
     with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
         work = Path(tmp)
-        for round_no in range(args.rounds):
-            for variant in variants:  # interleaved: A B C D, A B C D, ...
-                runs[variant.spec].append(measure(args, variant, round_no, work))
-                progress(round_no, args.rounds, variant.spec, runs[variant.spec][-1])
+        runs = harness.interleave(list(variants), args.rounds,
+                                  lambda spec, round_no: measure(args, variants[spec], round_no, work), describe)
         if args.eval:
-            untrained = run_child({**child_options(args, work), "task": "score", "model_dir": None}, args.timeout,
-                                  work)
-    report(args, command, variants, runs, untrained)
+            untrained = harness.run_child(score_child, {**child_options(args, work), "model_dir": None}, work,
+                                          args.timeout)
+    report(args, command, list(variants.values()), runs, untrained)
 
 
-def report(args: argparse.Namespace, command: str, variants: list[Variant], runs: dict[str, list[dict[str, Any]]],
-           untrained: dict[str, Any] | None) -> None:
+def report(args: argparse.Namespace, command: str, variants: Sequence[Variant], runs: Runs,
+           untrained: Result | None) -> None:
     devices = sorted({r["device"] for rs in runs.values() for r in rs if "device" in r}) or ["-"]
     data = args.pairs_file or "demo corpus"
     print(f"\nbatch {args.batch_size}, max_length {args.max_length}, {args.steps} measured steps after "
           f"{WARMUP_STEPS} warm-up steps, {args.rounds} interleaved rounds (medians), precision {args.precision}, "
           f"{args.threads} threads, device {', '.join(devices)}, data: {data}\n")
-    print("\n".join(table(runs, args.eval)))
+    print(table(runs, args.eval), end="")
     if untrained is not None:
-        scored = f"ndcg@10 {untrained['ndcg@10']:.4f}, recall@10 {untrained['recall@10']:.4f} " \
-                 f"({untrained['queries']} queries, corpus {untrained['corpus']})" if "error" not in untrained \
-            else f"failed: {untrained['error']}"
+        scored = (f"ndcg@10 {untrained['ndcg@10']:.4f}, recall@10 {untrained['recall@10']:.4f} "
+                  f"({untrained['queries']} queries, corpus {untrained['corpus']})" if "error" not in untrained
+                  else f"failed: {untrained['error']}")
         print(f"\nuntrained model: {scored}")
     notes = footnotes(runs, variants)
     if notes:
         print("\n" + "\n".join(notes))
-    if args.json:
-        blob = {"command": command, "settings": vars(args), "warmup_steps": WARMUP_STEPS, "runs": runs,
-                "medians": {spec: medians(rs) for spec, rs in runs.items()}, "untrained": untrained}
-        Path(args.json).write_text(json.dumps(blob, indent=2) + "\n")
-        print(f"\nraw results: {args.json}")
+    harness.write_json(args.json, {
+        "command": command, "settings": vars(args), "warmup_steps": WARMUP_STEPS, "runs": runs,
+        "medians": {spec: medians(rs) for spec, rs in runs.items()}, "untrained": untrained})
 
 
 if __name__ == "__main__":
