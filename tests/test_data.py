@@ -215,9 +215,15 @@ def test_group_by_length_loader_pads_less(tmp_path: Path, tokenizer):
 
 def test_collator_applies_prefixes(tokenizer):
     collate = PairCollator(tokenizer, 32, query_prefix="query: ", doc_prefix="passage: ")
-    batch = collate([("what", "this", []), ("who", "that", [])])
-    text = tokenizer.decode(batch["query"]["input_ids"][0], skip_special_tokens=True)
-    assert text.startswith("query :") or text.startswith("query:")
+    batch = collate([("what", "this", ["nope"]), ("who", "that", ["never"])])
+
+    def texts(side: str) -> list[str]:
+        return tokenizer.batch_decode(batch[side]["input_ids"], skip_special_tokens=True)
+
+    spaced = lambda text: tokenizer.decode(tokenizer(text)["input_ids"], skip_special_tokens=True)  # noqa: E731
+    assert texts("query") == [spaced("query: what"), spaced("query: who")]
+    # documents: the positives first, then the hard negatives, each with the document prefix
+    assert texts("doc") == [spaced(f"passage: {t}") for t in ("this", "that", "nope", "never")]
 
 
 def test_demo_corpus_is_real_large_enough_and_deterministic(cache_dir: Path, tokenizer):
@@ -258,4 +264,8 @@ def test_val_file_is_used_when_given(tmp_path: Path, pairs_file: Path, tokenizer
     module = JsonlDataModule(train_file=str(pairs_file), val_file=str(val), tokenizer=tokenizer, batch_size=4)
     module.setup("fit")
     assert len(module.retrieval.queries) == 5 and len(module.train_rows) == 60
-    assert isinstance(next(iter(module.val_dataloader()))["ids"], torch.Tensor)
+    # the validation loader embeds each of the file's 5 queries and each corpus document (5 positives and their
+    # 10 negatives) exactly once: ids i >= 0 are queries, -(j + 1) corpus entries
+    ids = torch.cat([batch["ids"] for batch in module.val_dataloader()]).tolist()
+    assert sorted(ids) == list(range(-15, 0)) + list(range(5))
+    assert module.retrieval.queries == [json.loads(line)["query"] for line in val.read_text().splitlines()]

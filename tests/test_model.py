@@ -45,9 +45,16 @@ def test_packaged_minilm_matches_sentence_transformers():
 def test_tiny_random_bert_uses_the_packaged_tokenizer():
     tiny = Encoder(packaged_minilm_path(), random_init_config={"hidden_size": 32, "num_hidden_layers": 1,
                                                                "num_attention_heads": 2, "intermediate_size": 64})
-    out = tiny.encode(["a", "b c d"])
-    assert out.shape == (2, 32)
-    torch.testing.assert_close(out.norm(dim=-1), torch.ones(2))
+    from transformers import AutoTokenizer
+
+    texts = ["a", "b c d", "Grüße, naïve café: tokenizers differ here"]
+    packaged = AutoTokenizer.from_pretrained(packaged_minilm_path())
+    assert tiny.tokenize(texts)["input_ids"].tolist() == packaged(texts, padding=True)["input_ids"]
+    # its embedding table covers exactly the tokenizer's vocabulary (every id it makes has a row)
+    assert tiny.backbone.get_input_embeddings().num_embeddings == len(packaged)
+    out = tiny.encode(texts)
+    assert out.shape == (3, 32)
+    torch.testing.assert_close(out.norm(dim=-1), torch.ones(3))
     assert tiny.backbone.config.num_hidden_layers == 1 and tiny.training  # trains with dropout
 
 

@@ -12,7 +12,13 @@ import torch.nn.functional as F
 
 from gte_pro.builders import build_encoder
 from gte_pro.export.release import check_export_requirements
-from gte_pro.export.verify import ExportMismatchError, cpu_vs_device, state_dict_round_trip, verify_export
+from gte_pro.export.verify import (
+    ExportMismatchError,
+    compare_devices,
+    cpu_vs_device,
+    state_dict_round_trip,
+    verify_export,
+)
 from gte_pro.model import Encoder
 from gte_pro.train import train
 from tests.beir_data import st_evaluator_metrics, write_beir_folder
@@ -189,10 +195,53 @@ def test_state_dict_round_trip_is_exact_and_catches_a_different_model(tiny: Enco
         state_dict_round_trip(tiny, cls_pooled, TEXTS, tolerance=1e-6)
 
 
-def test_cpu_vs_device_reports_the_max_abs_difference(tiny: Encoder):
-    assert cpu_vs_device(tiny, TEXTS, tolerance=0.0, device="cpu") == 0.0
-    if not torch.cuda.is_available():
-        assert cpu_vs_device(tiny, TEXTS, tolerance=1e-4) is None
+def _drifted(encoder: Encoder, size: float = 3e-3) -> Encoder:
+    """A copy whose output layer is off by ``size``: a device whose kernels compute slightly differently."""
+    import copy
+
+    drifted = copy.deepcopy(encoder)
+    with torch.no_grad():
+        bias = drifted.backbone.encoder.layer[-1].output.LayerNorm.bias
+        bias.add_(size * torch.linspace(-1, 1, len(bias)))
+    return drifted
+
+
+def test_device_comparison_measures_the_difference_and_refuses_it_above_the_tolerance(tiny: Encoder):
+    drifted = _drifted(tiny)
+    diff = compare_devices(tiny, drifted, TEXTS, tolerance=1.0)
+    assert diff == pytest.approx(float((tiny.encode(TEXTS) - drifted.encode(TEXTS)).abs().max()))
+    assert 1e-4 < diff < 1e-2  # a kernel-sized drift, not a different model
+    with pytest.raises(ExportMismatchError, match=r"CPU and cuda embeddings differ: max abs diff \S+ > 1\.0e-04"):
+        compare_devices(tiny, drifted, TEXTS, tolerance=1e-4)
+
+
+def test_cpu_vs_device_compares_the_model_with_its_copy_on_the_device(tiny: Encoder, monkeypatch):
+    """Through cpu_vs_device itself: a device copy that computes differently fails the check, the model is left
+    as it was (dtype included), and without CUDA the check reports None."""
+    import copy
+
+    import gte_pro.export.verify as verify
+
+    reference = tiny.encode(TEXTS)
+    copies: list[str] = []
+    real_copy = verify.device_copy
+
+    def drifting_copy(encoder: Encoder, device: str) -> Encoder:
+        copies.append(device)
+        return _drifted(real_copy(encoder, device))
+
+    monkeypatch.setattr(verify, "device_copy", drifting_copy)
+    with pytest.raises(ExportMismatchError, match=r"CPU and cpu embeddings differ: max abs diff \S+ > 1\.0e-04"):
+        cpu_vs_device(tiny, TEXTS, tolerance=1e-4, device="cpu")
+    assert copies == ["cpu"]  # only the device side is a copy: the reference is the model itself
+    torch.testing.assert_close(tiny.encode(TEXTS), reference, rtol=0, atol=0)
+    monkeypatch.setattr(verify, "device_copy", real_copy)
+
+    bf16 = copy.deepcopy(tiny).bfloat16()
+    assert cpu_vs_device(bf16, TEXTS, tolerance=0.0, device="cpu") == 0.0  # both sides in fp32
+    assert next(bf16.parameters()).dtype == torch.bfloat16  # the caller's model is not converted in place
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cpu_vs_device(tiny, TEXTS, tolerance=1e-4) is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -90,12 +90,28 @@ def test_lr_find_saves_its_plot_and_trains_with_the_suggestion(make_cfg, tmp_pat
     assert metrics["lr"] == pytest.approx(metrics["lr_find_suggestion"]) and metrics["lr"] != cfg.model.lr
 
 
-def test_gte_loss_with_hard_negatives_trains(make_cfg, tmp_path, pairs_file):
+def test_gte_loss_with_hard_negatives_trains(make_cfg, tmp_path, pairs_file, monkeypatch):
+    from gte_pro.losses import GTELoss
+
+    calls: list[tuple[tuple[int, ...], tuple[int, ...] | None]] = []
+    forward = GTELoss.forward
+
+    def spy(self, query, positive, negatives=None):
+        calls.append((tuple(positive.shape), None if negatives is None else tuple(negatives.shape)))
+        return forward(self, query, positive, negatives)
+
+    monkeypatch.setattr(GTELoss, "forward", spy)
     cfg = make_cfg(["debug=fast", "logger=none", "loss=gte", "data=jsonl", f"data.train_file={pairs_file}",
                     "data.num_negatives=2", "data.val_fraction=0.2", "precision=bf16-mixed"],
                    output_dir=tmp_path / "gte")
     value = train(cfg)
-    assert 0.0 <= value <= 1.0
+    metrics = json.loads((tmp_path / "gte" / "metrics.json").read_text())
+    # every training step went through the GTE loss with each query's 2 hard negatives
+    dim = cfg.model.random_init_config.hidden_size
+    assert metrics["global_step"] == 4 and calls == [((8, dim), (8, 2, dim))] * 4
+    # the returned number is the best checkpoint's val/ndcg@10, and training moved it away from the start
+    assert value == pytest.approx(metrics["val"]["val/ndcg@10"])
+    assert metrics["val"] != pytest.approx(metrics["val_before"], abs=1e-6)
     assert (tmp_path / "gte" / "model" / "modules.json").is_file()
 
 

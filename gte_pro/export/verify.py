@@ -123,22 +123,35 @@ def state_dict_round_trip(encoder: Encoder, fresh: Encoder, texts: Sequence[str]
     return diff
 
 
-def cpu_vs_device(encoder: Encoder, texts: Sequence[str], tolerance: float, device: str = "cuda") -> float | None:
-    """Max abs difference of fp32 embeddings on the CPU and on ``device`` (None when there is no such device).
+def compare_devices(reference: Encoder, other: Encoder, texts: Sequence[str], tolerance: float,
+                    name: str = "CPU and cuda") -> float:
+    """Max abs difference of the fp32 embeddings of ``texts`` by two encoders (e.g. the CPU model and its copy on a
+    GPU); raise ``ExportMismatchError`` above ``tolerance``.
 
     TF32 is switched off for the comparison: it is a documented precision trade, not a deployment bug.
     """
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        return None
-    cpu = encoder if next(encoder.parameters()).device.type == "cpu" else copy.deepcopy(encoder).cpu()
-    other = copy.deepcopy(encoder).float().to(device)
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
     try:
-        diff = float((cpu.float().encode(texts) - other.encode(texts)).abs().max())
+        diff = float((reference.encode(texts) - other.encode(texts)).abs().max())
     finally:
         torch.set_float32_matmul_precision(previous)
     if diff > tolerance:
-        raise ExportMismatchError(f"CPU and {device} embeddings differ: max abs diff {diff:.3e} > {tolerance:.1e}")
-    log.info("CPU vs %s embeddings: max abs diff %.3e", device, diff)
+        raise ExportMismatchError(f"{name} embeddings differ: max abs diff {diff:.3e} > {tolerance:.1e}")
+    log.info("%s embeddings: max abs diff %.3e", name, diff)
     return diff
+
+
+def device_copy(encoder: Encoder, device: str) -> Encoder:
+    """An fp32 copy of ``encoder`` on ``device`` (the encoder itself is left where and as it is)."""
+    return copy.deepcopy(encoder).float().to(device)
+
+
+def cpu_vs_device(encoder: Encoder, texts: Sequence[str], tolerance: float, device: str = "cuda") -> float | None:
+    """Max abs difference of fp32 embeddings on the CPU and on ``device`` (None when there is no such device)."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return None
+    parameter = next(encoder.parameters())
+    on_cpu_fp32 = parameter.device.type == "cpu" and parameter.dtype == torch.float32
+    cpu = encoder if on_cpu_fp32 else device_copy(encoder, "cpu")
+    return compare_devices(cpu, device_copy(encoder, device), texts, tolerance, f"CPU and {device}")
