@@ -3,16 +3,28 @@ Memory Limited Setup"): a contrastive batch of any size in the activation memory
 
 A contrastive loss couples every query with every document of the batch, so the batch cannot be cut into
 independent pieces the way gradient accumulation cuts it. But the encoder embeds each text on its own, so the
-parameter gradient factorises through the (small) embeddings e_i:  dL/dθ = Σ_i (dL/de_i)ᵀ · de_i/dθ.  One step:
+parameter gradient factorises through the (small) embeddings e_i:  dL/dθ = Σ_i (dL/de_i)ᵀ · de_i/dθ.
 
-1. embed all texts in chunks of M without building graphs (no activations are kept), saving the RNG state
-   before each chunk;
-2. compute the loss on the full batch of embeddings (detached leaves: B x dim numbers, cheap) and its gradient
-   dL/de for every embedding. Under DDP the loss gathers the leaves with the autograd-aware all_gather, so
-   dL/de already holds what every rank's loss sends to this rank's embeddings;
-3. per chunk: restore its RNG state (dropout draws the same masks as in 1), embed it again *with* a graph and
-   backpropagate the surrogate <e_chunk, dL/de_chunk>, whose parameter gradient is exactly that chunk's share of
-   dL/dθ. Gradients accumulate in ``.grad``; only one chunk's graph is alive at a time.
+``cached_loss`` returns an ordinary loss whose ``backward()`` does the work, so the caller's training loop (here
+Lightning's automatic optimisation: precision plugins and the fp16 GradScaler, gradient accumulation, clipping,
+schedulers, DDP) stays in charge, as with sentence-transformers' ``CachedMultipleNegativesRankingLoss``:
+
+1. forward: embed all texts in chunks of M without building graphs (no activations are kept), saving the RNG
+   state before each chunk and the autocast state the encoder runs in;
+2. the loss is computed on the whole batch of embeddings (B x dim numbers, cheap) in fp32. Its graph ends in one
+   autograd node (``_CachedEmbeddings``) that takes the encoder's parameters as inputs;
+3. backward: that node receives dL/de for every embedding, already multiplied by whatever the loop scaled the
+   loss with (GradScaler, 1/accumulate_grad_batches); under DDP the loss's autograd-aware all_gather has summed
+   what every rank's loss sends to this rank's embeddings. Per chunk it restores the RNG state (dropout draws the
+   same masks as in 1), embeds the chunk again *with* a graph under the forward's autocast state, and takes the
+   parameter gradient of the surrogate <e_chunk, dL/de_chunk>, which is exactly that chunk's share of dL/dθ. Only
+   one chunk's graph is alive at a time. The node returns the sum over chunks as its parameters' gradients.
+
+Because the parameter gradients leave through that one node, autograd accumulates them into ``.grad`` once per
+backward: DDP's reducer sees each parameter ready once and all-reduces once per step, after all chunks (also with
+``find_unused_parameters``: the parameters are reachable from the loss), and its ``no_sync`` for accumulated
+micro-batches works as for any loss. Not supported: FSDP, which gathers and frees its sharded parameters around
+forward and backward itself (the module refuses the combination).
 
 What "equal" means: the parameter gradients are those of the loss of the forward computation of step 1, up to
 floating-point summation order. With dropout off that is the uncached full-batch loss; with dropout on it is the
@@ -20,21 +32,24 @@ loss of embedding the same chunks in the same order with gradients (dropout mask
 on the shapes it is drawn for, so no chunked run can reproduce the masks of one full-batch forward).
 
 Cost: every text goes forward twice and backward once (about 4/3 of the compute of an uncached step for a
-transformer), plus one host sync per tokenized tensor to cut chunks to their own padding.
+transformer), plus one host sync per tokenized tensor to cut chunks to their own padding, and during backward
+one parameter-sized buffer for the sum over chunks.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from gte_pro.losses import LossOutput, _at_least_fp32
+from gte_pro.losses import LossOutput, _at_least_fp32, split_documents
 
 Features = Mapping[str, torch.Tensor]
+Gradients = list[torch.Tensor | None]
 
 
 @dataclass
@@ -56,6 +71,30 @@ class RngState:
         torch.set_rng_state(self.cpu)
         for device, state in self.accelerator.items():
             torch.get_device_module(device).set_rng_state(state, device)
+
+
+@dataclass
+class AutocastState:
+    """Whether (and in which dtype) autocast is on for a device type.
+
+    Backward runs outside the training loop's autocast context (on CUDA even on another thread, and autocast is
+    thread-local): the replay must re-enter the forward's state explicitly to compute the same embeddings.
+    """
+
+    device_type: str
+    enabled: bool
+    dtype: torch.dtype | None
+
+    @classmethod
+    def capture(cls, device_type: str) -> AutocastState:
+        if not torch.amp.is_autocast_available(device_type):
+            return cls(device_type, False, None)
+        return cls(device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
+
+    def context(self) -> AbstractContextManager:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.enabled)
 
 
 def split_features(features: Features, size: int) -> list[dict[str, torch.Tensor]]:
@@ -86,6 +125,118 @@ def _loss_precision(device: torch.device) -> AbstractContextManager:
     return contextlib.nullcontext()
 
 
+def _accumulate(total: Gradients | None, grads: Sequence[torch.Tensor | None]) -> Gradients:
+    """``total += grads`` in place, parameter by parameter (None: the chunk did not reach that parameter)."""
+    if total is None:
+        # dense copies only where autograd returned an expanded or strided view that cannot be added into
+        return [g if g is None or g.is_contiguous() else g.contiguous() for g in grads]
+    for index, grad in enumerate(grads):
+        if grad is not None:
+            total[index] = grad.contiguous() if total[index] is None else total[index].add_(grad)
+    return total
+
+
+@dataclass
+class _Replay:
+    """What backward needs to embed each chunk again exactly as the graph-free forward did."""
+
+    encoder: Callable[..., torch.Tensor]
+    params: list[torch.Tensor]
+    chunks: list[dict[str, torch.Tensor]]
+    states: list[RngState]
+    autocast: AutocastState
+    device: torch.device
+
+    def gradients(self, grad: torch.Tensor) -> Gradients:
+        """Σ over chunks of d<e_chunk, grad_chunk>/dθ, for every parameter (None where no chunk reaches it)."""
+        # the replay must not move the RNG stream: training continues from where the forward left it
+        resume = RngState.capture(self.device)
+        sizes = [chunk["input_ids"].shape[0] for chunk in self.chunks]
+        total: Gradients | None = None
+        for chunk, state, chunk_grad in zip(self.chunks, self.states, grad.split(sizes), strict=True):
+            state.restore()
+            with torch.enable_grad():  # backward runs with grad mode off
+                with self.autocast.context():
+                    embedding = self.encoder(**chunk)
+                # in the gradient's (fp32+) dtype: fp16 gradients of single embeddings could underflow
+                surrogate = torch.sum(embedding.to(chunk_grad.dtype) * chunk_grad)
+            # autograd.grad, not backward: nothing lands in .grad (nor fires DDP's hooks) before the sum leaves
+            # this node as the parameters' one gradient
+            total = _accumulate(total, torch.autograd.grad(surrogate, self.params, allow_unused=True))
+        resume.restore()
+        return total if total is not None else [None] * len(self.params)
+
+
+class _CachedEmbeddings(torch.autograd.Function):
+    """Identity on graph-free embeddings whose backward replays the encoder: the parameters' one gradient node."""
+
+    @staticmethod
+    def forward(ctx: Any, replay: _Replay, embeddings: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        ctx.replay = replay
+        return embeddings.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        return None, None, *ctx.replay.gradients(grad)
+
+
+def _trainable(encoder: Callable[..., torch.Tensor], params: Iterable[torch.Tensor] | None) -> list[torch.Tensor]:
+    if params is None:
+        if not isinstance(encoder, torch.nn.Module):
+            raise TypeError("pass params= when the encoder is not a torch.nn.Module")
+        params = encoder.parameters()
+    return [p for p in params if p.requires_grad]
+
+
+def embed_cached(
+    encoder: Callable[..., torch.Tensor],
+    batches: Sequence[Features],
+    mini_batch_size: int,
+    params: Iterable[torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """The embeddings of all rows of ``batches``, concatenated in order, in fp32 (or wider), embedded in chunks of
+    ``mini_batch_size`` rows without graphs; backpropagating through them replays the chunks (module docstring).
+
+    ``params``: the encoder's parameters that receive gradients (default: ``encoder.parameters()``). Call it
+    inside the autocast context the encoder should run in; the replay in backward runs in the same one.
+    """
+    if mini_batch_size < 1:
+        raise ValueError(f"loss.mini_batch_size must be >= 1, got {mini_batch_size}")
+    device = batches[0]["input_ids"].device
+    chunks = [chunk for features in batches for chunk in split_features(features, mini_batch_size)]
+    states: list[RngState] = []
+    embeddings: list[torch.Tensor] = []
+    with torch.no_grad():
+        for chunk in chunks:
+            states.append(RngState.capture(device))
+            embeddings.append(encoder(**chunk))
+    trainable = _trainable(encoder, params)
+    replay = _Replay(encoder, trainable, chunks, states, AutocastState.capture(device.type), device)
+    return _CachedEmbeddings.apply(replay, _at_least_fp32(torch.cat(embeddings)), *trainable)
+
+
+def cached_loss(
+    encoder: Callable[..., torch.Tensor],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], LossOutput],
+    query_features: Features,
+    doc_features: Features,
+    num_negatives: int,
+    mini_batch_size: int,
+    params: Iterable[torch.Tensor] | None = None,
+) -> LossOutput:
+    """The contrastive loss of the whole batch, in the activation memory of ``mini_batch_size`` texts.
+
+    ``doc_features`` holds the B positives, then the k hard negatives of each query in order (the collator's
+    layout). The loss runs in fp32 with autocast off; ``loss.backward()`` fills the encoder's ``.grad`` with the
+    gradients of the whole batch's loss, however the caller scales or accumulates it.
+    """
+    reps = embed_cached(encoder, [query_features, doc_features], mini_batch_size, params)
+    batch_size = query_features["input_ids"].shape[0]
+    with _loss_precision(reps.device):
+        positives, negatives = split_documents(reps[batch_size:], batch_size, num_negatives)
+        return loss_fn(reps[:batch_size], positives, negatives)
+
+
 def cached_step(
     encoder: Callable[..., torch.Tensor],
     loss_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], LossOutput],
@@ -93,53 +244,9 @@ def cached_step(
     doc_features: Features,
     num_negatives: int,
     mini_batch_size: int,
-    backward_fn: Callable[[torch.Tensor], None] | None = None,
-    no_sync: Callable[[], AbstractContextManager] | None = None,
+    params: Iterable[torch.Tensor] | None = None,
 ) -> LossOutput:
-    """One GradCache step: parameter gradients accumulated into ``.grad``; the full-batch loss output returned.
-
-    ``doc_features`` holds the B positives, then the k hard negatives of each query in order (the collator's
-    layout). ``backward_fn`` runs each chunk's backward (Lightning's ``manual_backward``, which scales fp16
-    losses and prepares DDP's reducer); ``no_sync`` blocks DDP's gradient all-reduce for every chunk but the last,
-    so gradients are synchronised once per step, already summed over the chunks. Call it inside the autocast
-    context the encoder should run in; the loss itself runs in fp32.
-    """
-    if mini_batch_size < 1:
-        raise ValueError(f"loss.mini_batch_size must be >= 1, got {mini_batch_size}")
-    backward_fn = backward_fn or torch.Tensor.backward
-    no_sync = no_sync or contextlib.nullcontext
-    device = query_features["input_ids"].device
-    query_chunks = split_features(query_features, mini_batch_size)
-    chunks = query_chunks + split_features(doc_features, mini_batch_size)
-
-    # 1. embeddings without graphs; the RNG state before each chunk, to replay its dropout masks in step 3
-    states: list[RngState] = []
-    embeddings: list[torch.Tensor] = []
-    with torch.no_grad():
-        for chunk in chunks:
-            states.append(RngState.capture(device))
-            embeddings.append(encoder(**chunk))
-    # 2. the loss over the whole batch, on leaves: the only graph here is the loss's own (B x candidates)
-    query = _at_least_fp32(torch.cat(embeddings[: len(query_chunks)])).requires_grad_()
-    docs = _at_least_fp32(torch.cat(embeddings[len(query_chunks) :])).requires_grad_()
-    del embeddings
-    batch_size = query.shape[0]
-    with torch.enable_grad(), _loss_precision(device):
-        negatives = docs[batch_size:].reshape(batch_size, num_negatives, -1) if num_negatives else None
-        out = loss_fn(query, docs[:batch_size], negatives)
-        query_grad, docs_grad = torch.autograd.grad(out.loss, [query, docs])
-    sizes = [chunk["input_ids"].shape[0] for chunk in chunks]
-    grads = [*query_grad.split(sizes[: len(query_chunks)]), *docs_grad.split(sizes[len(query_chunks) :])]
-
-    # 3. replay each chunk with a graph; its surrogate's gradient w.r.t. the parameters is its share of dL/dθ
-    last = len(chunks) - 1
-    with torch.enable_grad():
-        for index, (chunk, state, grad) in enumerate(zip(chunks, states, grads, strict=True)):
-            # the RNG ends where step 1 left it (the last chunk's forward consumes the same draws again), so the
-            # rest of training sees the same random stream as after one uncached forward
-            state.restore()
-            with no_sync() if index < last else contextlib.nullcontext():
-                embedding = encoder(**chunk)
-                # in the gradient's (fp32+) dtype: fp16 gradients of single embeddings could underflow
-                backward_fn(torch.sum(embedding.to(grad.dtype) * grad))
+    """``cached_loss`` and its backward, for plain loops (benchmarks): gradients in ``.grad``, the loss detached."""
+    out = cached_loss(encoder, loss_fn, query_features, doc_features, num_negatives, mini_batch_size, params)
+    out.loss.backward()
     return LossOutput(out.loss.detach(), out.scores, out.labels)

@@ -30,6 +30,18 @@ def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
+def split_documents(docs: torch.Tensor, batch_size: int,
+                    num_negatives: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The collator's document block -> (positives ``(B, dim)``, hard negatives ``(B, k, dim)`` or None for k=0).
+
+    ``docs`` holds the B positives first, then the k negatives of each query in query order.
+    """
+    positives = docs[:batch_size]
+    if not num_negatives:
+        return positives, None
+    return positives, docs[batch_size:].reshape(batch_size, num_negatives, -1)
+
+
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.strategies import FSDPStrategy
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from gte_pro.evaluation.metrics import evaluate_distributed
-from gte_pro.gradcache import cached_step
-from gte_pro.losses import ContrastiveLoss, LossOutput
+from gte_pro.gradcache import cached_loss
+from gte_pro.losses import ContrastiveLoss, LossOutput, split_documents
 from gte_pro.model import Encoder
 
 
@@ -46,18 +46,10 @@ class ContrastiveModule(LightningModule):
         lr: float,
         scheduler: Callable[..., Any] | None = None,
         warmup_ratio: float = 0.0,
-        gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str = "norm",
     ) -> None:
         super().__init__()
         self.encoder = encoder
         self.loss = loss
-        # loss.mini_batch_size (GradCache) runs several backward passes per step, which Lightning's automatic loop
-        # (one loss, one backward) cannot express: the step is optimised by hand, and clipped by hand, because
-        # Lightning refuses Trainer(gradient_clip_val) under manual optimisation (train.build_trainer drops it)
-        self.automatic_optimization = getattr(loss, "mini_batch_size", None) is None
-        self.gradient_clip_val = gradient_clip_val
-        self.gradient_clip_algorithm = gradient_clip_algorithm
         self._warned_accumulation = False
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
@@ -68,59 +60,55 @@ class ContrastiveModule(LightningModule):
         self._val_embeddings: dict[int, list[torch.Tensor]] = {}
 
     # --- training ---------------------------------------------------------------------------------------------
+    @property
+    def mini_batch_size(self) -> int | None:
+        """``loss.mini_batch_size``: set, the step uses the cached loss (GradCache). Its backward replays the chunks
+        itself, so Lightning's automatic loop (precision, accumulation, clipping, schedulers, DDP sync) stays as is."""
+        return getattr(self.loss, "mini_batch_size", None)
+
     def on_fit_start(self) -> None:
+        if self.mini_batch_size and isinstance(getattr(self.trainer, "strategy", None), FSDPStrategy):
+            # the replay re-runs the encoder inside backward and hands gradients to the parameter tensors of the
+            # forward; FSDP gathers and frees sharded parameters around forward/backward itself
+            raise ValueError("loss.mini_batch_size (GradCache) is not supported with strategy=fsdp: use strategy=ddp, "
+                             "or loss.mini_batch_size=null")
         accumulate = int(getattr(self.trainer, "accumulate_grad_batches", 1) or 1)
-        if self.automatic_optimization and accumulate > 1 and not self._warned_accumulation:
+        if accumulate > 1 and not self._warned_accumulation:
             self._warned_accumulation = True  # once per module: lr_find and fit both start a fit
-            rank_zero_warn(
-                f"trainer.accumulate_grad_batches={accumulate} averages the gradients of {accumulate} batches, but "
-                "the contrastive loss of each batch still only sees that batch's in-batch negatives: it does not "
-                f"train like a {accumulate}x larger contrastive batch. For a large contrastive batch in the memory "
-                "of a small one, raise data.batch_size and set loss.mini_batch_size (GradCache) instead, e.g. "
-                "data.batch_size=1024 loss.mini_batch_size=32 trainer.accumulate_grad_batches=1."
+            self._explain_accumulation(accumulate)
+
+    def _explain_accumulation(self, accumulate: int) -> None:
+        if self.mini_batch_size:
+            # a deliberate combination (optimizer batch = accumulate x data.batch_size, in the memory of
+            # mini_batch_size texts): say what it does, without a warning
+            rank_zero_info(
+                f"trainer.accumulate_grad_batches={accumulate} with loss.mini_batch_size={self.mini_batch_size}: "
+                f"each optimizer step averages {accumulate} cached contrastive batches of data.batch_size; each "
+                "query's negatives come from its own batch only."
             )
+            return
+        rank_zero_warn(
+            f"trainer.accumulate_grad_batches={accumulate} averages the gradients of {accumulate} batches, but "
+            "the contrastive loss of each batch still only sees that batch's in-batch negatives: it does not "
+            f"train like a {accumulate}x larger contrastive batch. For a large contrastive batch in the memory "
+            "of a small one, raise data.batch_size and set loss.mini_batch_size (GradCache) instead, e.g. "
+            "data.batch_size=1024 loss.mini_batch_size=32."
+        )
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        if not self.automatic_optimization:
-            return self._cached_training_step(batch)
-        query = self.encoder(**batch["query"])
-        docs = self.encoder(**batch["doc"])
-        batch_size, k = query.shape[0], batch["num_negatives"]
-        negatives = docs[batch_size:].reshape(batch_size, k, -1) if k else None
-        out = self.loss(query, docs[:batch_size], negatives)
-        self._log_train_metrics(out, batch_size)
-        return out.loss
-
-    def _cached_training_step(self, batch: dict[str, Any]) -> torch.Tensor:
-        """One optimizer step with the GradCache loss (``gte_pro.gradcache``): the loss and gradients of the whole
-        batch, in the activation memory of ``loss.mini_batch_size`` texts."""
-        optimizer = self.optimizers()
-        strategy = self.trainer.strategy
-        # DDP: all-reduce once per step, after the last chunk's backward, not after every chunk
-        no_sync = getattr(strategy, "block_backward_sync", None) or contextlib.nullcontext
-        outputs: list[LossOutput] = []
-
-        def closure() -> torch.Tensor:
-            optimizer.zero_grad()
-            outputs.append(cached_step(self.encoder, self.loss, batch["query"], batch["doc"], batch["num_negatives"],
-                                       self.loss.mini_batch_size, backward_fn=self.manual_backward, no_sync=no_sync))
-            return outputs[-1].loss
-
-        # through the closure, as Lightning's automatic loop does it: the precision plugin unscales fp16 gradients
-        # after the closure and then calls on_before_optimizer_step, where they are clipped
-        optimizer.step(closure=closure)
-        schedulers = self.lr_schedulers()  # Lightning steps schedulers only under automatic optimisation
-        for scheduler in schedulers if isinstance(schedulers, list) else [schedulers]:
-            if scheduler is not None:
-                scheduler.step()
-        out = outputs[-1]
+        out = self._contrastive_loss(batch)
         self._log_train_metrics(out, batch["query"]["input_ids"].shape[0])
         return out.loss
 
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if not self.automatic_optimization and self.gradient_clip_val:
-            self.clip_gradients(optimizer, gradient_clip_val=self.gradient_clip_val,
-                                gradient_clip_algorithm=self.gradient_clip_algorithm)
+    def _contrastive_loss(self, batch: dict[str, Any]) -> LossOutput:
+        queries, docs, k = batch["query"], batch["doc"], batch["num_negatives"]
+        if self.mini_batch_size:
+            # GradCache (gte_pro.gradcache): the same loss and gradients as below, in the activation memory of
+            # mini_batch_size texts; its backward re-embeds the batch chunk by chunk
+            return cached_loss(self.encoder, self.loss, queries, docs, k, self.mini_batch_size)
+        query = self.encoder(**queries)
+        positives, negatives = split_documents(self.encoder(**docs), query.shape[0], k)
+        return self.loss(query, positives, negatives)
 
     def _log_train_metrics(self, out: LossOutput, batch_size: int) -> None:
         scores = out.scores.float()
