@@ -60,12 +60,13 @@ def _best_checkpoint(trainer: Trainer) -> str | None:
     return path or None
 
 
-def _finish_wandb(loggers: list[Logger]) -> None:
-    """A sweep runs many jobs in one process: close each job's wandb run so the next starts a new one."""
+def _finish_wandb(loggers: list[Logger], failed: bool) -> None:
+    """A sweep runs many jobs in one process: close each job's wandb run (marked failed when the job raised) so that
+    the next job starts a run of its own instead of logging into this one."""
     if any(type(lg).__name__ == "WandbLogger" for lg in loggers):
         import wandb
 
-        wandb.finish()
+        wandb.finish(exit_code=1 if failed else 0)
 
 
 def _format(metrics: dict[str, float]) -> str:
@@ -88,6 +89,20 @@ def fit(cfg: DictConfig) -> float | None:
     if under_submitit():
         callbacks.append(PreemptionCheckpoint(output_dir))
     loggers = instantiate_dict(cfg.get("logger"))
+    failed = True
+    try:
+        after = _fit_validate_export(cfg, module, datamodule, callbacks, loggers, ckpt_path)
+        failed = False
+    finally:
+        _finish_wandb(loggers, failed)
+    metric = cfg.get("optimized_metric")
+    return after.get(metric) if metric else None
+
+
+def _fit_validate_export(cfg: DictConfig, module: ContrastiveModule, datamodule: Any, callbacks: list[Any],
+                         loggers: list[Logger], ckpt_path: str | None) -> dict[str, float]:
+    """Validate, fit, validate the best checkpoint; on rank 0 export and write metrics.json. The final metrics."""
+    output_dir = Path(cfg.paths.output_dir)
     trainer = build_trainer(cfg, callbacks, loggers)
     for lg in loggers:
         lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
@@ -106,25 +121,29 @@ def fit(cfg: DictConfig) -> float | None:
     log.info("validation after training (%s): %s", best_ckpt or "last weights", _format(after))
 
     if trainer.is_global_zero:
-        model_dir = export_sentence_transformers(module.encoder, output_dir / "model")
-        summary = {
+        _export_and_record(cfg, trainer, module, {
             "val_before": before,
             "val": after,
             "train": train_metrics,
             "best_checkpoint": best_ckpt,
-            "model_dir": str(model_dir),
             "global_step": trainer.global_step,
             "world_size": trainer.world_size,
             "resumed_from": ckpt_path,
             "lr": module.lr,
             "lr_find_suggestion": suggested_lr,
             "data": getattr(datamodule, "reports", []),
-        }
-        write_json_atomic(output_dir / "metrics.json", summary)
-        # verified exports, model card, deployment checks: raises (failing the run) if an export is off
-        summary["exports"] = release(module.encoder, output_dir, cfg, summary, fresh=lambda: build_encoder(cfg))
-        write_json_atomic(output_dir / "metrics.json", summary)
-        print(f"metrics: {output_dir / 'metrics.json'}\nmodel:   {model_dir}")
-    _finish_wandb(loggers)
-    metric = cfg.get("optimized_metric")
-    return after.get(metric) if metric else None
+        })
+    return after
+
+
+def _export_and_record(cfg: DictConfig, trainer: Trainer, module: ContrastiveModule, summary: dict[str, Any]) -> None:
+    """Rank 0: ``model/`` and ``metrics.json`` first (a failing export check still leaves both), then the verified
+    exports, model card and deployment checks, recorded in ``metrics.json``."""
+    output_dir = Path(cfg.paths.output_dir)
+    model_dir = export_sentence_transformers(module.encoder, output_dir / "model")
+    summary["model_dir"] = str(model_dir)
+    write_json_atomic(output_dir / "metrics.json", summary)
+    # raises (failing the run) if an export does not reproduce the module
+    summary["exports"] = release(module.encoder, output_dir, cfg, summary, fresh=lambda: build_encoder(cfg))
+    write_json_atomic(output_dir / "metrics.json", summary)
+    print(f"metrics: {output_dir / 'metrics.json'}\nmodel:   {model_dir}")

@@ -66,3 +66,17 @@ def test_launcher_tasks_must_match_devices_before_anything_is_submitted(tmp_path
     # the launcher asks for the same tasks_per_node for every job: one of the swept values cannot match it
     assert swept.returncode != 0 and "devices=2 but the launcher runs 1 task(s) per node" in swept.stderr
     assert not (tmp_path / "bad2" / ".submitit").exists()
+
+
+def test_a_failing_job_is_recorded_and_the_others_are_kept(tmp_path: Path, cache_dir: Path):
+    sweep = tmp_path / "failing"
+    proc = _run(["-m", *FAST, "model.lr=-1,1e-3", f"hydra.sweep.dir={sweep}", f"paths.cache_dir={cache_dir}"])
+    assert proc.returncode != 0  # the sweep still fails, after every job ran
+    assert "Invalid learning rate" in (sweep / "0" / "error.txt").read_text()
+    assert json.loads((sweep / "1" / "metrics.json").read_text())["global_step"] == 4
+    with (sweep / "summary.csv").open() as handle:
+        rows = {row["job"]: row for row in csv.DictReader(handle)}
+    assert rows["1"]["status"] == "ok" and float(rows["1"]["val/ndcg@10"]) > 0
+    assert rows["0"]["status"] == "failed" and rows["0"]["error"].startswith("ValueError: Invalid learning rate")
+    failed_line = next(line for line in (sweep / "summary.md").read_text().splitlines() if line.startswith("| 0 |"))
+    assert "| failed | ValueError: Invalid learning rate: -1 |" in failed_line

@@ -123,3 +123,15 @@ def test_run_stopping_mid_epoch_with_length_grouped_batches(make_cfg, tmp_path):
     value = train(cfg)
     metrics = json.loads((tmp_path / "mid" / "metrics.json").read_text())
     assert metrics["global_step"] == 2 and value == pytest.approx(metrics["val"]["val/ndcg@10"])
+
+
+def test_a_failing_job_closes_its_wandb_run_as_failed(make_cfg, tmp_path: Path):
+    """A sweep runs its jobs in one process: a job that raises must not leave its wandb run open for the next."""
+    import wandb
+
+    cfg = make_cfg(["debug=fast", "logger=wandb", "model.lr=-1"], output_dir=tmp_path / "failed")
+    with pytest.raises(ValueError, match="Invalid learning rate"):
+        train(cfg)
+    assert wandb.run is None
+    run_dir = next((tmp_path / "failed" / "wandb").glob("offline-run-*"))
+    assert list(run_dir.glob("*.wandb"))  # the run was really started (and then closed)

@@ -1,4 +1,9 @@
-"""After a multirun: one row per job (its overrides and final metrics), best first, in summary.csv and .md."""
+"""Sweep summaries: one row per job (its overrides, final metrics or error), best first, in summary.csv and .md.
+
+The summary is rewritten after every job, so a sweep whose job raises still leaves one (Hydra runs every job,
+then re-raises the first failure and exits non-zero, without calling ``on_multirun_end``). A failed job's
+traceback is kept in ``<job dir>/error.txt``; its row says ``failed`` with the exception's last line.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +11,27 @@ import csv
 import io
 import json
 import logging
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hydra.core.utils import JobStatus
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from gte_pro.utils.files import write_text_atomic
 from gte_pro.utils.tables import markdown_table
 
 log = logging.getLogger(__name__)
+
+ERROR_FILE = "error.txt"
+
+
+def _last_line(text: str) -> str:
+    """The exception line of a traceback ("ValueError: Invalid learning rate: -1.0")."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def summarize_sweep(sweep_dir: Path, metric: str = "val/ndcg@10") -> list[dict[str, Any]]:
@@ -26,9 +42,11 @@ def summarize_sweep(sweep_dir: Path, metric: str = "val/ndcg@10") -> list[dict[s
         if not overrides_file.is_file():
             continue
         overrides = " ".join(OmegaConf.load(overrides_file))
-        metrics_file = job_dir / "metrics.json"
-        row: dict[str, Any] = {"job": job_dir.name, "overrides": overrides, "status": "failed"}
-        if metrics_file.is_file():
+        metrics_file, error_file = job_dir / "metrics.json", job_dir / ERROR_FILE
+        row: dict[str, Any] = {"job": job_dir.name, "overrides": overrides, "status": "not finished"}
+        if error_file.is_file():
+            row.update({"status": "failed", "error": _last_line(error_file.read_text())})
+        elif metrics_file.is_file():
             blob = json.loads(metrics_file.read_text())
             row.update({"status": "ok", **blob.get("val", {}), "global_step": blob.get("global_step")})
             if blob.get("val_before"):
@@ -40,7 +58,9 @@ def summarize_sweep(sweep_dir: Path, metric: str = "val/ndcg@10") -> list[dict[s
 
 
 def write_summary(sweep_dir: Path, rows: Sequence[dict[str, Any]]) -> None:
-    columns = list(dict.fromkeys(key for row in rows for key in row))
+    # who, what and whether it worked first (also the error of a failed job), then the metrics
+    lead = [key for key in ("job", "overrides", "status", "error") if any(key in row for row in rows)]
+    columns = list(dict.fromkeys(lead + [key for row in rows for key in row]))
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns)
     writer.writeheader()
@@ -60,7 +80,20 @@ class SweepCallback(_HydraCallback):
     """Hydra callback: writes the sweep summary after a multirun (Hydra turns callback errors into warnings, so the
     launcher checks live in ``hydra_plugins/gte_pro_launcher``)."""
 
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        """After each sweep job: keep a failure's traceback in its folder, then rewrite the summary."""
+        if config.hydra.mode != RunMode.MULTIRUN:  # DDP ranks >= 1 re-run their job in RUN mode: no summary
+            return
+        if job_return.status == JobStatus.FAILED:
+            error = job_return._return_value  # the exception; .return_value would re-raise it
+            trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+            write_text_atomic(Path(str(config.hydra.runtime.output_dir)) / ERROR_FILE, trace)
+        self._summarize(config)
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self._summarize(config)
+
+    def _summarize(self, config: DictConfig) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
         if sweep_dir.is_dir():
             rows = summarize_sweep(sweep_dir, config.get("optimized_metric") or "val/ndcg@10")
