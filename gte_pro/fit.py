@@ -91,7 +91,7 @@ def fit(cfg: DictConfig) -> float | None:
     loggers = instantiate_dict(cfg.get("logger"))
     failed = True
     try:
-        after = _fit_validate_export(cfg, module, datamodule, callbacks, loggers, ckpt_path)
+        after = _fit_validate_export(cfg, output_dir, module, datamodule, callbacks, loggers, ckpt_path)
         failed = False
     finally:
         _finish_wandb(loggers, failed)
@@ -99,10 +99,9 @@ def fit(cfg: DictConfig) -> float | None:
     return after.get(metric) if metric else None
 
 
-def _fit_validate_export(cfg: DictConfig, module: ContrastiveModule, datamodule: Any, callbacks: list[Any],
-                         loggers: list[Logger], ckpt_path: str | None) -> dict[str, float]:
+def _fit_validate_export(cfg: DictConfig, output_dir: Path, module: ContrastiveModule, datamodule: Any,
+                         callbacks: list[Any], loggers: list[Logger], ckpt_path: str | None) -> dict[str, float]:
     """Validate, fit, validate the best checkpoint; on rank 0 export and write metrics.json. The final metrics."""
-    output_dir = Path(cfg.paths.output_dir)
     trainer = build_trainer(cfg, callbacks, loggers)
     for lg in loggers:
         lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
@@ -121,7 +120,7 @@ def _fit_validate_export(cfg: DictConfig, module: ContrastiveModule, datamodule:
     log.info("validation after training (%s): %s", best_ckpt or "last weights", _format(after))
 
     if trainer.is_global_zero:
-        _export_and_record(cfg, trainer, module, {
+        _export_and_record(cfg, output_dir, module, {
             "val_before": before,
             "val": after,
             "train": train_metrics,
@@ -136,10 +135,9 @@ def _fit_validate_export(cfg: DictConfig, module: ContrastiveModule, datamodule:
     return after
 
 
-def _export_and_record(cfg: DictConfig, trainer: Trainer, module: ContrastiveModule, summary: dict[str, Any]) -> None:
+def _export_and_record(cfg: DictConfig, output_dir: Path, module: ContrastiveModule, summary: dict[str, Any]) -> None:
     """Rank 0: ``model/`` and ``metrics.json`` first (a failing export check still leaves both), then the verified
     exports, model card and deployment checks, recorded in ``metrics.json``."""
-    output_dir = Path(cfg.paths.output_dir)
     model_dir = export_sentence_transformers(module.encoder, output_dir / "model")
     summary["model_dir"] = str(model_dir)
     write_json_atomic(output_dir / "metrics.json", summary)

@@ -29,7 +29,7 @@ ERROR_FILE = "error.txt"
 
 
 def _last_line(text: str) -> str:
-    """The exception line of a traceback ("ValueError: Invalid learning rate: -1.0")."""
+    """The exception line of a traceback ("ValueError: Invalid learning rate: -1")."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else ""
 
@@ -85,9 +85,11 @@ class SweepCallback(_HydraCallback):
         if config.hydra.mode != RunMode.MULTIRUN:  # DDP ranks >= 1 re-run their job in RUN mode: no summary
             return
         if job_return.status == JobStatus.FAILED:
-            error = job_return._return_value  # the exception; .return_value would re-raise it
-            trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-            write_text_atomic(Path(str(config.hydra.runtime.output_dir)) / ERROR_FILE, trace)
+            try:
+                job_return.return_value  # noqa: B018 - a failed job's return_value re-raises its exception
+            except Exception as error:
+                trace = "".join(traceback.format_exception(error))
+                write_text_atomic(Path(str(config.hydra.runtime.output_dir)) / ERROR_FILE, trace)
         self._summarize(config)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
