@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
+from gte_pro.launch.checkpoint_io import AtomicCheckpointIO
 from gte_pro.model import Encoder
 from gte_pro.module import ContrastiveModule
 
@@ -53,7 +54,9 @@ def build_strategy(cfg: DictConfig) -> Any:
 def build_trainer(cfg: DictConfig, callbacks: list[Callback], loggers: list[Logger]) -> Trainer:
     if not loggers:  # logger=none: the learning-rate monitor has nowhere to write and Lightning refuses it
         callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
-    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, strategy=build_strategy(cfg))
+    # every checkpoint (last, best, preemption) is written atomically and read back with weights_only=True
+    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, strategy=build_strategy(cfg),
+                       plugins=[AtomicCheckpointIO()])
 
 
 def build_module(cfg: DictConfig, encoder: Encoder) -> ContrastiveModule:
@@ -65,4 +68,5 @@ def build_module(cfg: DictConfig, encoder: Encoder) -> ContrastiveModule:
         lr=cfg.model.lr,
         scheduler=instantiate(scheduler.fn) if scheduler else None,
         warmup_ratio=scheduler.warmup_ratio if scheduler else 0.0,
+        seed=cfg.seed,
     )

@@ -1,12 +1,17 @@
-"""Callbacks of our own: training throughput in the progress bar, the loggers and the text log."""
+"""Callbacks of our own: training throughput (progress bar, loggers, text log) and the resumable last checkpoint."""
 
 from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.trainer.states import TrainerFn
+
+from gte_pro.launch.checkpoint_io import LAST
 
 log = logging.getLogger(__name__)
 
@@ -56,3 +61,55 @@ class Throughput(Callback):
         eta = (total - step) / steps_per_s if steps_per_s else float("nan")
         log.info("step %d/%d | loss %s | %.1f samples/s | %.0f tokens/s | eta %.0fs", step, total,
                  f"{float(loss):.4f}" if loss is not None else "-", rate, self._tokens_per_s or 0.0, eta)
+
+
+class LastCheckpoint(Checkpoint):
+    """``<dirpath>/last.ckpt``, the checkpoint a killed run resumes from: every ``every_n_steps`` optimizer steps
+    and/or every ``every_n_minutes`` minutes, after every validation during fit, and when training ends (so that a
+    kill during the exports does not train again). Written atomically by ``gte_pro.launch.checkpoint_io``.
+
+    A save never lands between an optimizer step and the validation due right after it: Lightning restarts such a
+    checkpoint as if that validation had run (it fast-forwards it), so the save waits for ``on_validation_end``.
+    Under DDP every rank takes the same decision (steps are the same everywhere; the time is rank 0's, broadcast).
+    """
+
+    def __init__(self, dirpath: str, every_n_steps: int | None = 100, every_n_minutes: float | None = 10.0) -> None:
+        self.path = Path(dirpath) / LAST
+        self.every_n_steps = every_n_steps or None
+        self.every_n_seconds = every_n_minutes * 60 if every_n_minutes else None
+        self._last_saved = time.monotonic()
+        self._step_seen = -1
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._last_saved = time.monotonic()
+        self._step_seen = trainer.global_step
+
+    def _save(self, trainer: Trainer) -> None:
+        trainer.save_checkpoint(self.path)
+        self._last_saved = time.monotonic()
+
+    def _due(self, trainer: Trainer) -> bool:
+        step = trainer.global_step
+        if self.every_n_steps and step % self.every_n_steps == 0:
+            return True
+        if self.every_n_seconds is None:
+            return False
+        late = time.monotonic() - self._last_saved >= self.every_n_seconds
+        return bool(trainer.strategy.broadcast(late))
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        stepped = trainer.global_step != self._step_seen  # False inside gradient accumulation
+        self._step_seen = trainer.global_step
+        if not stepped or not self._due(trainer):
+            return
+        epoch_loop = trainer.fit_loop.epoch_loop
+        if epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher):
+            return  # validation runs next: on_validation_end saves
+        self._save(trainer)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
+            self._save(trainer)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._save(trainer)

@@ -5,7 +5,9 @@ Writes ``<run dir>/metrics.json`` and ``<run dir>/model/`` (plus the exports of 
 
 from __future__ import annotations
 
+import json
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +28,13 @@ from gte_pro.evaluation.sets import attach_eval_sets
 from gte_pro.export.release import check_export_requirements, release
 from gte_pro.export.writers import export_sentence_transformers
 from gte_pro.launch.preemption import PreemptionCheckpoint, under_submitit
-from gte_pro.launch.resume import resume_checkpoint
+from gte_pro.launch.resume import check_resumed_config, resume_checkpoint
 from gte_pro.module import ContrastiveModule
 from gte_pro.utils.files import write_json_atomic
 
 log = logging.getLogger(__name__)
+
+VAL_BEFORE = "val_before.json"
 
 
 def run_lr_find(trainer: Trainer, module: ContrastiveModule, datamodule: Any, output_dir: Path,
@@ -79,6 +83,9 @@ def fit(cfg: DictConfig) -> float | None:
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = resume_checkpoint(cfg.get("ckpt_path"), cfg.get("resume", "auto"), output_dir)
+    config_changes = check_resumed_config(cfg, output_dir, ckpt_path)
+    if ckpt_path:  # continuing in a folder that holds checkpoints is the point, not a mistake to warn about
+        warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
     check_export_requirements(cfg.get("export"))
 
     encoder = build_encoder(cfg)
@@ -91,7 +98,8 @@ def fit(cfg: DictConfig) -> float | None:
     loggers = instantiate_dict(cfg.get("logger"))
     failed = True
     try:
-        after = _fit_validate_export(cfg, output_dir, module, datamodule, callbacks, loggers, ckpt_path)
+        after = _fit_validate_export(cfg, output_dir, module, datamodule, callbacks, loggers, ckpt_path,
+                                     config_changes)
         failed = False
     finally:
         _finish_wandb(loggers, failed)
@@ -99,22 +107,37 @@ def fit(cfg: DictConfig) -> float | None:
     return after.get(metric) if metric else None
 
 
+def _validate_before(trainer: Trainer, module: ContrastiveModule, datamodule: Any, output_dir: Path,
+                     ckpt_path: str | None) -> dict[str, float] | None:
+    """The untrained model's metrics: measured on a run's first start and kept in the run folder, so that a
+    resumed run reports the same numbers as an uninterrupted one."""
+    record = output_dir / VAL_BEFORE
+    if ckpt_path:
+        return json.loads(record.read_text(encoding="utf-8")) if record.is_file() else None
+    before = merge_results(trainer.validate(module, datamodule=datamodule, verbose=False))
+    log.info("validation before training: %s", _format(before))
+    if trainer.is_global_zero:
+        write_json_atomic(record, before)
+    return before
+
+
 def _fit_validate_export(cfg: DictConfig, output_dir: Path, module: ContrastiveModule, datamodule: Any,
-                         callbacks: list[Any], loggers: list[Logger], ckpt_path: str | None) -> dict[str, float]:
+                         callbacks: list[Any], loggers: list[Logger], ckpt_path: str | None,
+                         config_changes: dict[str, Any]) -> dict[str, float]:
     """Validate, fit, validate the best checkpoint; on rank 0 export and write metrics.json. The final metrics."""
     trainer = build_trainer(cfg, callbacks, loggers)
     for lg in loggers:
         lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
 
     suggested_lr = None
-    if cfg.get("lr_find"):
+    if cfg.get("lr_find") and ckpt_path:
+        log.info("lr_find: skipped, the run resumes from %s with its optimizer's learning rate", ckpt_path)
+    elif cfg.get("lr_find"):
         suggested_lr = run_lr_find(trainer, module, datamodule, output_dir, cfg.get("lr_find_steps", 100))
-    before = None
-    if not ckpt_path:  # a resumed run was measured before its first start
-        before = merge_results(trainer.validate(module, datamodule=datamodule, verbose=False))
-        log.info("validation before training: %s", _format(before))
+    before = _validate_before(trainer, module, datamodule, output_dir, ckpt_path)
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
-    train_metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}
+    rates = {k: float(v) for k, v in trainer.callback_metrics.items() if k.endswith("_per_s")}
+    train_metrics = {**module.train_metrics(), **rates}
     best_ckpt = _best_checkpoint(trainer)
     after = merge_results(trainer.validate(module, datamodule=datamodule, ckpt_path=best_ckpt, verbose=False))
     log.info("validation after training (%s): %s", best_ckpt or "last weights", _format(after))
@@ -128,6 +151,7 @@ def _fit_validate_export(cfg: DictConfig, output_dir: Path, module: ContrastiveM
             "global_step": trainer.global_step,
             "world_size": trainer.world_size,
             "resumed_from": ckpt_path,
+            "resume_config_changes": config_changes,
             "lr": module.lr,
             "lr_find_suggestion": suggested_lr,
             "data": getattr(datamodule, "reports", []),

@@ -66,19 +66,23 @@ class ContrastiveLoss(nn.Module):
     ``mini_batch_size`` is not used by the loss itself: it tells the training step to compute this loss the cached
     way (``gte_pro.gradcache``: embeddings in chunks of that many texts, same loss and gradients). It lives here
     so that ``loss.*`` in the config describes the whole loss computation and ``instantiate(cfg.loss)`` keeps
-    working wherever it is called.
+    working wherever it is called. ``max_skipped_steps`` is read the same way: how many optimizer steps with a
+    non-finite loss or gradient norm the training step skips before it stops the run (``gte_pro.guard``).
     """
 
     def __init__(self, temperature: float = 0.05, gather_across_devices: bool = True,
-                 mini_batch_size: int | None = None) -> None:
+                 mini_batch_size: int | None = None, max_skipped_steps: int = 10) -> None:
         super().__init__()
         if temperature <= 0:
             raise ValueError(f"loss.temperature must be > 0, got {temperature}")
         if mini_batch_size is not None and mini_batch_size < 1:
             raise ValueError(f"loss.mini_batch_size must be >= 1 or null, got {mini_batch_size}")
+        if max_skipped_steps < 0:
+            raise ValueError(f"loss.max_skipped_steps must be >= 0, got {max_skipped_steps}")
         self.temperature = float(temperature)
         self.gather_across_devices = bool(gather_across_devices)
         self.mini_batch_size = None if mini_batch_size is None else int(mini_batch_size)
+        self.max_skipped_steps = int(max_skipped_steps)
 
     def _gather(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
         return gather_with_grad(x) if self.gather_across_devices else (x, 0)
@@ -114,8 +118,8 @@ class GTELoss(ContrastiveLoss):
     """
 
     def __init__(self, temperature: float = 0.01, gather_across_devices: bool = True,
-                 mini_batch_size: int | None = None) -> None:
-        super().__init__(temperature, gather_across_devices, mini_batch_size)
+                 mini_batch_size: int | None = None, max_skipped_steps: int = 10) -> None:
+        super().__init__(temperature, gather_across_devices, mini_batch_size, max_skipped_steps)
 
     def forward(
         self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None = None

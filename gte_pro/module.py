@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import inspect
+import random
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.strategies import FSDPStrategy
@@ -13,6 +15,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from gte_pro.evaluation.metrics import evaluate_distributed
 from gte_pro.gradcache import cached_loss
+from gte_pro.guard import NonFiniteGuard
 from gte_pro.losses import ContrastiveLoss, LossOutput, split_documents
 from gte_pro.model import Encoder
 
@@ -46,10 +49,15 @@ class ContrastiveModule(LightningModule):
         lr: float,
         scheduler: Callable[..., Any] | None = None,
         warmup_ratio: float = 0.0,
+        seed: int = 0,
     ) -> None:
         super().__init__()
         self.encoder = encoder
+        self.seed = seed
+        self._train_metrics: dict[str, torch.Tensor] = {}  # the last step's, detached (read at checkpoints and end)
         self.loss = loss
+        # skips optimizer steps with a NaN/inf loss or gradient norm (gte_pro.guard), up to loss.max_skipped_steps
+        self.guard = NonFiniteGuard(getattr(loss, "max_skipped_steps", 10))
         self._warned_accumulation = False
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
@@ -95,10 +103,25 @@ class ContrastiveModule(LightningModule):
             "data.batch_size=1024 loss.mini_batch_size=32."
         )
 
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        # dropout (and any other draw) of a step depends on (seed, epoch, batch, rank) alone, not on what ran
+        # before: a run resumed mid-epoch draws exactly what the uninterrupted run drew, with no RNG state to save
+        step_seed = ((self.seed * 1_000_003 + self.current_epoch) * 1_000_003 + batch_idx) * 1_009 + self.global_rank
+        step_seed %= 2**32
+        random.seed(step_seed)
+        np.random.seed(step_seed)
+        torch.manual_seed(step_seed)
+
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         out = self._contrastive_loss(batch)
+        self.guard.observe(batch, out.loss)
         self._log_train_metrics(out, batch["query"]["input_ids"].shape[0])
         return out.loss
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any,
+                       optimizer_closure: Callable[[], Any] | None = None) -> None:
+        # runs the closure, then steps only when every loss and the gradient norm are finite (gte_pro.guard)
+        self.guard.step(self, optimizer, optimizer_closure or (lambda: None))
 
     def _contrastive_loss(self, batch: dict[str, Any]) -> LossOutput:
         queries, docs, k = batch["query"], batch["doc"], batch["num_negatives"]
@@ -114,16 +137,27 @@ class ContrastiveModule(LightningModule):
         scores = out.scores.float()
         positive_scores = scores.gather(1, out.labels[:, None])
         negative_mean = (scores.sum() - positive_scores.sum()) / max(scores.numel() - batch_size, 1)
-        self.log_dict(
-            {
-                "train/loss": out.loss,
-                "train/acc": (scores.argmax(1) == out.labels).float().mean(),
-                "train/sim_pos": positive_scores.mean(),
-                "train/sim_neg": negative_mean,
-            },
-            prog_bar=True,
-            batch_size=batch_size,
-        )
+        metrics = {
+            "train/loss": out.loss,
+            "train/acc": (scores.argmax(1) == out.labels).float().mean(),
+            "train/sim_pos": positive_scores.mean(),
+            "train/sim_neg": negative_mean,
+        }
+        self._train_metrics = {name: value.detach() for name, value in metrics.items()}
+        self.log_dict(metrics, prog_bar=True, batch_size=batch_size)
+
+    def train_metrics(self) -> dict[str, float]:
+        """This rank's metrics of the last training step (restored from the checkpoint by a resumed run)."""
+        return {name: float(value) for name, value in self._train_metrics.items()}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["gte_pro_train_metrics"] = self.train_metrics()
+        checkpoint["gte_pro_guard"] = self.guard.state_dict()  # a resumed run counts on towards the same limit
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get("gte_pro_train_metrics", {})
+        self._train_metrics = {name: torch.tensor(value) for name, value in saved.items()}
+        self.guard.load_state_dict(checkpoint.get("gte_pro_guard", {}))
 
     # --- validation: retrieval over the held-out corpus and any named sets (BEIR folders) ------------------------
     def on_validation_epoch_start(self) -> None:

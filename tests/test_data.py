@@ -14,7 +14,7 @@ from gte_pro.data.demo import DemoDataModule
 from gte_pro.data.hf import HFDataModule
 from gte_pro.data.jsonl import JsonlDataModule
 from gte_pro.data.records import DataError, Example, clean_examples, clean_text, iter_pairs_jsonl
-from gte_pro.data.sampling import LengthGroupedSampler
+from gte_pro.data.sampling import EpochSampler
 from tests.conftest import write_jsonl
 
 
@@ -111,12 +111,14 @@ def test_missing_negatives_are_filled_with_other_positives():
                                        "positives": [[[100 + i]] for i in range(5)],
                                        "negatives": [[[999]] if i == 0 else [] for i in range(5)]})
     pairs = TokenizedPairs(rows, num_negatives=2, seed=0)
-    query, positive, negatives = pairs[1]
-    assert (query, positive) == ([1], [101])
+    query, positive, negatives, row = pairs[1]
+    assert (query, positive, row) == ([1], [101], 1)
     assert len(negatives) == 2 and all(100 <= n[0] < 105 and n != [101] for n in negatives)
-    assert [999] in pairs[0][2]
-    batch = pairs.__getitems__([2, 3])  # the DataLoader's batched fetch draws the same way
-    assert [(q, p) for q, p, _ in batch] == [([2], [102]), ([3], [103])]
+    assert [999] in pairs[0].negatives
+    batch = pairs.__getitems__([(2, 0), (3, 0)])  # the DataLoader's batched fetch draws the same way
+    assert [(r.query, r.positive, r.row) for r in batch] == [([2], [102], 2), ([3], [103], 3)]
+    assert pairs.__getitems__([(1, 0)]) == [pairs[1]] == [pairs[(1, 0)]]  # a pure function of (row, epoch)
+    assert any(pairs[(1, epoch)].negatives != pairs[1].negatives for epoch in range(1, 6))
 
 
 def test_cached_token_batches_equal_tokenizing_the_texts(pairs_file: Path, tokenizer):
@@ -129,7 +131,7 @@ def test_cached_token_batches_equal_tokenizing_the_texts(pairs_file: Path, token
     drawn = pairs.__getitems__(indices)
     from_cache = TokenCollator(tokenizer)(drawn)
     texts = []
-    for index, (_, _, negative_ids) in zip(indices, drawn, strict=True):
+    for index, (_, _, negative_ids, _) in zip(indices, drawn, strict=True):
         example = module.train_rows[index]
         # the negatives are drawn in a random order: name each by the text it was tokenized from
         by_ids = {tuple(tokenizer("passage: " + n, truncation=True, max_length=24)["input_ids"]): n
@@ -179,11 +181,12 @@ def test_a_failed_build_leaves_no_cache(tmp_path: Path, tokenizer):
 
 def test_length_grouped_sampler_is_a_deterministic_shuffled_permutation_of_similar_length_batches():
     lengths = torch.randint(5, 300, (1000,), generator=torch.Generator().manual_seed(0)).numpy()
-    sampler = LengthGroupedSampler(lengths, batch_size=16, window_batches=10, seed=3)
-    first = list(sampler)
-    assert sorted(first) == list(range(1000)) and first == list(sampler)
+    sampler = EpochSampler(1000, batch_size=16, seed=3, lengths=lengths, window_batches=10)
+    first = [row for row, epoch in sampler]
+    assert len(first) == len(set(first)) == 992 == len(sampler)  # 62 full batches; the partial one is never used
+    assert first == [row for row, _ in sampler] and {epoch for _, epoch in sampler} == {0}
     sampler.set_epoch(1)
-    assert list(sampler) != first
+    assert [row for row, _ in sampler] != first and {epoch for _, epoch in sampler} == {1}
     batches = [first[i : i + 16] for i in range(0, 992, 16)]
     spread = sum(int(lengths[b].max() - lengths[b].min()) for b in batches) / len(batches)
     shuffled = torch.randperm(1000, generator=torch.Generator().manual_seed(1)).tolist()
@@ -193,7 +196,6 @@ def test_length_grouped_sampler_is_a_deterministic_shuffled_permutation_of_simil
     # batch order is shuffled: not longest-first across the epoch
     maxima = [int(lengths[b].max()) for b in batches]
     assert maxima != sorted(maxima, reverse=True)
-    assert len(first[992:]) == 8  # the one partial batch comes last, where drop_last drops it
 
 
 def test_group_by_length_loader_pads_less(tmp_path: Path, tokenizer):

@@ -31,9 +31,10 @@ from gte_pro.data.cache import (
 from gte_pro.data.collate import EvalCollator, TokenCollator
 from gte_pro.data.datasets import EvalTexts, ExampleView, TokenizedPairs
 from gte_pro.data.records import CleaningReport, DataError, Example, iter_clean_examples
-from gte_pro.data.sampling import LengthGroupedSampler
+from gte_pro.data.sampling import EpochSampler, ResumableLoader
 from gte_pro.data.split import is_held_out
 from gte_pro.evaluation.metrics import RetrievalSet
+from gte_pro.utils.files import write_error
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,8 @@ class ContrastiveDataModule(LightningDataModule, abc.ABC):
         self.extra_eval: list[tuple[str, RetrievalSet]] = []
         self.extra_eval_batch_size = eval_batch_size
         self.extra_eval_max_length = max_length
+        self._train_loader: ResumableLoader | None = None
+        self._resume_position: dict[str, Any] | None = None  # from a checkpoint, for the next train_dataloader()
 
     # --- what subclasses provide -------------------------------------------------------------------------
     @abc.abstractmethod
@@ -191,7 +194,10 @@ class ContrastiveDataModule(LightningDataModule, abc.ABC):
             val_rows, distractors = self._cap_validation(val_rows, list(distractors))
             meta = {"rows": count, "reports": reports, "distractors": distractors,
                     "val": [[ex.query, ex.positives, ex.negatives] for ex in val_rows]}
-            (tmp / "meta.json").write_text(json.dumps(meta))
+            try:
+                (tmp / "meta.json").write_text(json.dumps(meta))
+            except OSError as error:
+                raise write_error(folder, error) from error
             publish(tmp, folder)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -238,20 +244,34 @@ class ContrastiveDataModule(LightningDataModule, abc.ABC):
     def train_dataloader(self) -> DataLoader:
         if self.token_cache is None:
             raise RuntimeError("setup() first")
-        if len(self.token_cache) < self.batch_size:
-            raise DataError(f"only {len(self.token_cache)} training pairs, fewer than data.batch_size="
-                            f"{self.batch_size}: lower the batch size or add data")
+        trainer = self.trainer
+        world_size, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        if len(self.token_cache) < self.batch_size * world_size:
+            raise DataError(f"only {len(self.token_cache)} training pairs, fewer than one global batch "
+                            f"(data.batch_size={self.batch_size} x {world_size} devices): lower the batch size or "
+                            "add data")
         pairs = TokenizedPairs(self.token_cache.token_rows(), self.num_negatives, self.seed)
         collate = TokenCollator(self._require_tokenizer())
-        # drop_last: every step (and every rank) sees a full contrastive batch with the same number of negatives
-        if not self.group_by_length:
-            return self._loader(pairs, self.batch_size, collate, shuffle=True, drop_last=True)
-        world_size = self.trainer.world_size if self.trainer is not None else 1
-        sampler = LengthGroupedSampler(self.token_cache.lengths(), self.batch_size * world_size, self.length_window,
-                                       self.seed)
-        return DataLoader(pairs, batch_size=self.batch_size, sampler=sampler, drop_last=True, collate_fn=collate,
-                          num_workers=self.num_workers, pin_memory=self.pin_memory,
-                          persistent_workers=self.persistent_workers)
+        lengths = self.token_cache.lengths() if self.group_by_length else None
+        sampler = EpochSampler(len(pairs), self.batch_size, world_size, rank, self.seed, lengths, self.length_window)
+        # every step (and every rank) sees a full contrastive batch with the same number of negatives
+        loader = ResumableLoader(pairs, sampler, batch_size=self.batch_size, drop_last=True, collate_fn=collate,
+                                 num_workers=self.num_workers, pin_memory=self.pin_memory,
+                                 persistent_workers=self.persistent_workers)
+        if self._resume_position is not None:
+            loader.load_state_dict(self._resume_position)
+            self._resume_position = None
+        self._train_loader = loader
+        return loader
+
+    # the training position (epoch, batches done) travels in every checkpoint. Lightning restores a data module
+    # before it first asks for the training loader, while its own restore of stateful loaders comes too late when
+    # the schedule asks for trainer.estimated_stepping_batches (which builds the loader early)
+    def state_dict(self) -> dict[str, Any]:
+        return {"train_position": self._train_loader.state_dict()} if self._train_loader is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._resume_position = state.get("train_position")
 
     def add_eval_sets(self, sets: Sequence[tuple[str, RetrievalSet]], batch_size: int | None = None,
                       max_length: int | None = None) -> None:

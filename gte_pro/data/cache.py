@@ -9,11 +9,14 @@ prefixes, cleaning and split settings), so a changed input builds a new cache in
 Layout of ``<cache_dir>/tokenized/<key>/``: ``train.arrow`` (Arrow stream: token ids of the query, positives and
 negatives, the texts for inspection, and ``length`` = query + first positive tokens) and ``meta.json`` (row count,
 cleaning reports, the held-out validation rows and distractor documents). Both are written to a temporary folder
-that is renamed into place, so an interrupted build never leaves half a cache.
+that is renamed into place, so an interrupted build never leaves half a cache; a build that fails to write (a full
+disk, a file where the folder should be) raises ``WriteError`` naming the path and the cause, and the caller
+removes the temporary folder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -27,7 +30,7 @@ import pyarrow as pa
 from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.records import Example
-from gte_pro.utils.files import temporary_sibling
+from gte_pro.utils.files import fsync_tree, make_folder, temporary_sibling, write_error
 
 FORMAT_VERSION = 1
 TOKEN_COLUMNS = ["query", "positives", "negatives"]
@@ -102,23 +105,53 @@ class _Tokenize:
 
 def write_tokenized(rows: Iterable[Example], path: Path, tokenizer: PreTrainedTokenizerBase, max_length: int,
                     query_prefix: str = "", doc_prefix: str = "", chunk_size: int = 2048) -> int:
-    """Stream ``rows`` into an Arrow file of token ids (``chunk_size`` rows in memory at a time); returns the count."""
+    """Stream ``rows`` into an Arrow file of token ids (``chunk_size`` rows in memory at a time); returns the count.
+
+    A failed write (a full disk, a file where the folder should be) raises ``WriteError`` naming ``path``; errors
+    of reading ``rows`` propagate as they are.
+    """
     tokenize = _Tokenize(tokenizer, max_length)
+    with _writing(path):
+        sink = pa.OSFile(str(path), "wb")
     count = 0
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
+    try:
+        with _writing(path):
+            writer = pa.ipc.new_stream(sink, SCHEMA)
         for chunk in _chunks(rows, chunk_size):
-            queries = tokenize([query_prefix + ex.query for ex in chunk])
-            positives = tokenize.nested([ex.positives for ex in chunk], doc_prefix)
-            negatives = tokenize.nested([ex.negatives for ex in chunk], doc_prefix)
-            lengths = [len(q) + len(p[0]) for q, p in zip(queries, positives, strict=True)]
-            writer.write_batch(pa.record_batch([
-                pa.array(queries, _IDS), pa.array(positives, pa.list_(_IDS)), pa.array(negatives, pa.list_(_IDS)),
-                pa.array(lengths, pa.int32()), pa.array([ex.query for ex in chunk], pa.string()),
-                pa.array([ex.positives for ex in chunk], pa.list_(pa.string())),
-                pa.array([ex.negatives for ex in chunk], pa.list_(pa.string())),
-            ], schema=SCHEMA))
+            batch = _record_batch(chunk, tokenize, query_prefix, doc_prefix)
+            with _writing(path):
+                writer.write_batch(batch)
             count += len(chunk)
+        with _writing(path):
+            writer.close()
+            sink.close()
+    finally:
+        if not sink.closed:  # after a failure: release the file (the caller removes its folder)
+            with contextlib.suppress(OSError):
+                sink.close()
     return count
+
+
+@contextlib.contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """OS errors of the Arrow writer as a ``WriteError`` that says which file and why."""
+    try:
+        yield
+    except OSError as error:
+        raise write_error(path, error) from error
+
+
+def _record_batch(chunk: list[Example], tokenize: _Tokenize, query_prefix: str, doc_prefix: str) -> pa.RecordBatch:
+    queries = tokenize([query_prefix + ex.query for ex in chunk])
+    positives = tokenize.nested([ex.positives for ex in chunk], doc_prefix)
+    negatives = tokenize.nested([ex.negatives for ex in chunk], doc_prefix)
+    lengths = [len(q) + len(p[0]) for q, p in zip(queries, positives, strict=True)]
+    return pa.record_batch([
+        pa.array(queries, _IDS), pa.array(positives, pa.list_(_IDS)), pa.array(negatives, pa.list_(_IDS)),
+        pa.array(lengths, pa.int32()), pa.array([ex.query for ex in chunk], pa.string()),
+        pa.array([ex.positives for ex in chunk], pa.list_(pa.string())),
+        pa.array([ex.negatives for ex in chunk], pa.list_(pa.string())),
+    ], schema=SCHEMA)
 
 
 class TokenizedCache:
@@ -149,18 +182,23 @@ class TokenizedCache:
 
 
 def publish(tmp: Path, folder: Path) -> None:
-    """Rename a finished build into place; if another process (a DDP rank on another node) won, keep theirs."""
+    """Flush a finished build to disk and rename it into place; if another process (a DDP rank on another node)
+    won, keep theirs. A full disk that only shows at the flush fails here, before the build is published."""
     try:
+        fsync_tree(tmp)
         tmp.rename(folder)
-    except OSError:
+    except OSError as error:
         if not (folder / "meta.json").is_file():
-            raise
+            raise write_error(folder, error) from error
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def temporary_folder(folder: Path) -> Path:
     """An empty build folder beside ``folder`` (the same naming as every other atomic write)."""
     tmp = temporary_sibling(folder)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        make_folder(tmp)
+    except OSError as error:
+        raise write_error(folder, error) from error
     return tmp

@@ -2,7 +2,8 @@
 longest text, never to ``max_length``).
 
 Training batches hold ``query`` (B texts) and ``doc`` (the B positives, then the k negatives of each row in order,
-see ``gte_pro.losses.split_documents``); evaluation batches hold signed ``ids`` and ``features``.
+see ``gte_pro.losses.split_documents``) and ``rows`` (the training rows, by index); evaluation batches hold
+signed ``ids`` and ``features``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
+
+from gte_pro.data.datasets import DrawnRow
 
 
 class PairCollator:
@@ -60,11 +63,12 @@ class TokenCollator:
             features["token_type_ids"] = torch.zeros_like(features["input_ids"])
         return features
 
-    def __call__(self, rows: list[tuple[list[int], list[int], list[list[int]]]]) -> dict[str, Any]:
-        query = self.pad([q for q, _, _ in rows])
-        doc = self.pad([p for _, p, _ in rows] + [n for _, _, negatives in rows for n in negatives])
+    def __call__(self, rows: list[DrawnRow]) -> dict[str, Any]:
+        query = self.pad([r.query for r in rows])
+        doc = self.pad([r.positive for r in rows] + [n for r in rows for n in r.negatives])
         real_tokens = int(query["attention_mask"].sum()) + int(doc["attention_mask"].sum())
-        return {"query": query, "doc": doc, "num_negatives": len(rows[0][2]), "num_tokens": real_tokens}
+        return {"query": query, "doc": doc, "num_negatives": len(rows[0].negatives), "num_tokens": real_tokens,
+                "rows": torch.tensor([r.row for r in rows], dtype=torch.long)}
 
 
 class EvalCollator(PairCollator):

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-import numpy as np
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
@@ -16,9 +15,21 @@ from gte_pro.data.records import Example
 from gte_pro.evaluation.metrics import RetrievalSet
 
 
+class DrawnRow(NamedTuple):
+    """One training row as drawn for a step: token ids of the query, one positive and the negatives."""
+
+    query: list[int]
+    positive: list[int]
+    negatives: list[list[int]]
+    row: int  # the row of the training data (batches carry it, so that a failing step can name its rows)
+
+
 class TokenizedPairs(Dataset):
     """Rows of the token cache -> (query ids, positive ids, k negatives' ids), drawn afresh each epoch.
 
+    Items are fetched by ``(row, epoch)`` keys (``gte_pro.data.sampling.EpochSampler``; a plain row means epoch 0).
+    The draw of a row's positive and negatives is a pure function of (seed, row, epoch): every epoch draws anew,
+    in one process or in DataLoader workers alike, and a resumed run draws exactly what an uninterrupted one would.
     Missing hard negatives are filled with other rows' positives. ``__getitems__`` lets the DataLoader fetch a
     whole batch in one read of the memory-mapped table.
     """
@@ -27,22 +38,21 @@ class TokenizedPairs(Dataset):
         self.rows = rows  # a datasets.Dataset with the TOKEN_COLUMNS, memory-mapped
         self.num_negatives = num_negatives
         self.seed = seed
-        self._visits = np.zeros(len(rows), dtype=np.int32)  # each epoch draws other positives/negatives
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, index: int) -> tuple[list[int], list[int], list[list[int]]]:
-        return self.__getitems__([index])[0]
+    def __getitem__(self, key: int | tuple[int, int]) -> DrawnRow:
+        return self.__getitems__([key])[0]
 
-    def __getitems__(self, indices: list[int]) -> list[tuple[list[int], list[int], list[list[int]]]]:
-        fetched = self.rows[list(indices)]
+    def __getitems__(self, keys: Sequence[int | tuple[int, int]]) -> list[DrawnRow]:
+        pairs = [(key, 0) if isinstance(key, int) else (int(key[0]), int(key[1])) for key in keys]
+        fetched = self.rows[[row for row, _ in pairs]]
         items = []
-        for query, positives, pool, index in zip(fetched["query"], fetched["positives"], fetched["negatives"],
-                                                 indices, strict=True):
-            rng = random.Random(self.seed * 1_000_003 + index * 7_919 + int(self._visits[index]))
-            self._visits[index] += 1
-            items.append((query, rng.choice(positives), self._negatives(pool, index, rng)))
+        for query, positives, pool, (row, epoch) in zip(fetched["query"], fetched["positives"], fetched["negatives"],
+                                                        pairs, strict=True):
+            rng = random.Random((self.seed * 1_000_003 + row) * 7_919 + epoch)
+            items.append(DrawnRow(query, rng.choice(positives), self._negatives(pool, row, rng), row))
         return items
 
     def _negatives(self, pool: list[list[int]], index: int, rng: random.Random) -> list[list[int]]:

@@ -1,26 +1,113 @@
-"""Which checkpoint a run continues from."""
+"""Which checkpoint a run continues from, and whether the run asking is the run that wrote it.
+
+``resume=auto`` continues a run folder's newest intact checkpoint (``checkpoints/last.ckpt``, else the
+``previous.ckpt`` that ``AtomicCheckpointIO`` keeps); a corrupt one is reported and set aside. A run folder also
+records the training-relevant part of the config it was started with (``run_config.json``): resuming
+it with a different model, data, loss, batch size, learning rate, seed, ... is an error listing the keys, unless
+``resume=force``, which continues and records the differences.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from pathlib import Path
+from typing import Any
+
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+from gte_pro.launch.checkpoint_io import LAST, PREVIOUS, is_intact
+from gte_pro.utils.files import write_json_atomic
 
 log = logging.getLogger(__name__)
 
-RESUME_CHOICES = ("auto", "never")
+RESUME_CHOICES = ("auto", "never", "force")
+RUN_CONFIG = "run_config.json"
+
+# keys that change where or how a run reports, not what it trains: free to differ on resume
+NOT_TRAINING = ("paths", "logger", "callbacks", "hydra", "export", "eval", "task_name", "ckpt_path", "resume",
+                "optimized_metric", "mode", "lr_find", "lr_find_steps", "matmul_precision",
+                "data.num_workers", "data.pin_memory", "data.persistent_workers", "data.cache_dir",
+                "data.eval_batch_size", "trainer.log_every_n_steps", "trainer.default_root_dir",
+                "trainer.enable_progress_bar", "trainer.num_sanity_val_steps")
+
+
+def _newest_intact(folder: Path) -> Path | None:
+    """The newest checkpoint of ``folder`` that reads back whole; corrupt ones are renamed aside (rank 0), so that
+    the next save cannot rotate them into ``previous.ckpt`` over a good one."""
+    for name in (LAST, PREVIOUS):
+        path = folder / name
+        if not path.is_file():
+            continue
+        problem = is_intact(path)
+        if problem is None:
+            return path
+        log.error("checkpoint %s is damaged (%s): trying an older one", path, problem)
+        if rank_zero_only.rank == 0:
+            aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+            path.rename(aside)
+            log.error("moved the damaged checkpoint to %s", aside)
+    return None
 
 
 def resume_checkpoint(ckpt_path: str | None, resume: str, output_dir: Path) -> str | None:
-    """An explicit ``ckpt_path`` wins; with ``resume=auto`` a run folder that has ``checkpoints/last.ckpt`` (a
-    requeued SLURM job, or a re-run into the same ``hydra.run.dir``) continues from it."""
+    """An explicit ``ckpt_path`` wins; with ``resume=auto`` (or ``force``) a run folder that holds a checkpoint (a
+    requeued SLURM job, a killed run started again with the same ``hydra.run.dir``) continues from it."""
+    if resume not in RESUME_CHOICES:
+        raise ValueError(f"resume={resume!r} is not valid; valid choices: {', '.join(RESUME_CHOICES)}")
     if ckpt_path:
         if not Path(ckpt_path).is_file():
             raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such checkpoint file")
+        if problem := is_intact(ckpt_path):
+            raise ValueError(f"ckpt_path={ckpt_path}: the checkpoint is damaged ({problem})")
         return str(ckpt_path)
-    if resume not in RESUME_CHOICES:
-        raise ValueError(f"resume={resume!r} is not valid; valid choices: {', '.join(RESUME_CHOICES)}")
-    last = output_dir / "checkpoints" / "last.ckpt"
-    if resume == "auto" and last.is_file():
-        log.info("resuming from %s", last)
-        return str(last)
-    return None
+    folder = output_dir / "checkpoints"
+    if resume == "never" or not any((folder / name).is_file() for name in (LAST, PREVIOUS)):
+        return None
+    found = _newest_intact(folder)
+    if found is None:
+        raise ValueError(f"{folder} holds no intact checkpoint to resume from (damaged ones were renamed "
+                         "*.corrupt-*): start a new run folder, or pass resume=never to train this one from scratch")
+    log.info("resuming from %s", found)
+    return str(found)
+
+
+def training_config(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config as flat ``a.b.c`` keys, without the keys that do not change what is trained."""
+    flat: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict) and node:
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            flat[prefix[:-1]] = node
+
+    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    return {key: value for key, value in flat.items()
+            if not any(key == skip or key.startswith(skip + ".") for skip in NOT_TRAINING)}
+
+
+def check_resumed_config(cfg: DictConfig, output_dir: Path, ckpt_path: str | None) -> dict[str, list[Any]]:
+    """Record the training config of a new run (rank 0); for a resumed one, the keys that differ from it as
+    ``{key: [then, now]}``, which are an error unless ``resume=force``."""
+    record = output_dir / RUN_CONFIG
+    now = training_config(cfg)
+    if ckpt_path is None or not record.is_file():  # a new run, or a folder from before records were kept
+        if rank_zero_only.rank == 0:
+            write_json_atomic(record, now)
+        return {}
+    then = json.loads(record.read_text(encoding="utf-8"))
+    changed = {key: [then.get(key), now.get(key)] for key in sorted(then.keys() | now.keys())
+               if then.get(key) != now.get(key)}
+    if changed and cfg.get("resume") != "force":
+        lines = "\n".join(f"  {key}: {old!r} -> {new!r}" for key, (old, new) in changed.items())
+        raise ValueError(f"{output_dir} was trained with another config than this run's; the checkpoint would "
+                         f"continue a different training. Changed keys:\n{lines}\nUse a new run folder, or "
+                         "resume=force to continue anyway (the changes are recorded in metrics.json).")
+    if changed:
+        log.warning("resume=force: continuing %s with %d changed key(s): %s", output_dir, len(changed),
+                    ", ".join(changed))
+    return changed

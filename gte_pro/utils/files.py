@@ -1,11 +1,18 @@
 """Atomic writes: a file or folder appears complete or not at all, never half-written.
 
-Each writer fills a temporary sibling (same folder, so the final rename stays on one file system) and renames it
-over the target; a crash or a full disk leaves the previous version in place and removes the temporary one.
+Each writer fills a temporary sibling (same folder, so the final rename stays on one file system), flushes it to
+disk and renames it over the target. A crash, a full disk or an unwritable folder leaves the previous version in
+place, removes the temporary files, and raises :class:`WriteError` naming the target and the cause
+("could not write <path>: No space left on device (errno 28)").
+
+The flush (``fsync``) before the rename matters for a full disk: file systems with delayed allocation accept
+``write()`` into the page cache and only fail at writeback; without it the rename could put a file whose data
+never reached the disk over a good one.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -14,16 +21,81 @@ from pathlib import Path
 from typing import Any
 
 
+class WriteError(OSError):
+    """A write that failed and left the previous version in place: names the target path (not the temporary
+    one) and the cause. An ``OSError`` with the cause's ``errno`` (None when the cause was not an OS error)."""
+
+    def __str__(self) -> str:
+        cause = f"{self.strerror} (errno {self.errno})" if self.errno is not None else str(self.strerror)
+        return f"could not write {self.filename}: {cause}"
+
+
+def write_error(target: str | Path, error: OSError) -> WriteError:
+    """``error`` (raised while writing ``target``) as a :class:`WriteError` naming ``target``."""
+    return WriteError(error.errno, error.strerror or str(error), str(target))
+
+
 def temporary_sibling(target: Path, suffix: str = "") -> Path:
     """``<target>.tmp<pid><suffix>``: unique per process, so concurrent ranks never write the same temp path."""
     return target.with_name(f"{target.name}.tmp{os.getpid()}{suffix}")
 
 
+def make_folder(folder: Path) -> None:
+    """``mkdir -p``; a file in the way is reported as such (``mkdir`` itself says "File exists")."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError as error:
+        raise NotADirectoryError(errno.ENOTDIR, f"{os.strerror(errno.ENOTDIR)}: {folder} is a file") from error
+
+
+def fsync_tree(path: Path) -> None:
+    """Flush a file, or every file of a folder and the folder itself, to disk (errors of a full disk surface
+    here, before anything is renamed)."""
+    if path.is_dir() and not path.is_symlink():
+        for child in path.rglob("*"):
+            if child.is_file() and not child.is_symlink():
+                fsync_tree(child)
+        _fsync_folder(path)
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make renames in ``folder`` durable; some file systems refuse fsync on a folder, which loses nothing else."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def replace_path(tmp: Path, target: Path) -> None:
-    """Swap a finished temporary file or folder in for ``target`` (an existing folder is removed first)."""
-    if target.is_dir() and not target.is_symlink():
-        shutil.rmtree(target)
-    tmp.replace(target)
+    """Swap a finished temporary file or folder in for ``target``.
+
+    A file is replaced by one atomic rename. A folder cannot be renamed over a non-empty one, so the old folder is
+    first moved aside (``<target>.tmp<pid>.old``), and moved back if the new one cannot take its place.
+    """
+    if not (target.is_dir() and not target.is_symlink()):
+        os.replace(tmp, target)
+        return
+    old = temporary_sibling(target, ".old")
+    _remove(old)
+    os.replace(target, old)
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        os.replace(old, target)
+        raise
+    _remove(old)
 
 
 def _remove(path: Path) -> None:
@@ -33,18 +105,39 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def write_atomic(target: str | Path, fill: Callable[[Path], Any], suffix: str = "") -> Path:
-    """Call ``fill(tmp)`` to write a file or folder at a temporary path, then rename it to ``target``."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_sibling(target, suffix)
-    _remove(tmp)
+def _discard(path: Path) -> None:
+    """Clean up after a failed write; a path that cannot even be looked at (its parent is a file) holds nothing."""
     try:
+        _remove(path)
+    except OSError:
+        pass
+
+
+def write_atomic(target: str | Path, fill: Callable[[Path], Any], suffix: str = "") -> Path:
+    """Call ``fill(tmp)`` to write a file or folder at a temporary path, then flush and rename it to ``target``.
+
+    Raises :class:`WriteError` (naming ``target`` and the cause) when the folder cannot be made or anything in the
+    write fails with an OS error; other exceptions of ``fill`` keep their type and get a note naming ``target``.
+    Either way the temporary files are gone and the previous ``target`` is untouched.
+    """
+    target = Path(target)
+    tmp = temporary_sibling(target, suffix)
+    try:
+        make_folder(target.parent)
+        _remove(tmp)  # left by a killed process that had the same pid
         fill(tmp)
+        fsync_tree(tmp)
         replace_path(tmp, target)
-    except BaseException:
-        _remove(tmp)
+    except OSError as error:
+        _discard(tmp)
+        raise write_error(target, error) from error
+    except BaseException as error:
+        _discard(tmp)
+        if isinstance(error, Exception) and hasattr(error, "add_note"):  # Python >= 3.11
+            # not an OS error (torch.save reports a full disk as a RuntimeError): same type, plus the path
+            error.add_note(f"could not write {target} (the previous version, if any, is unchanged)")
         raise
+    _fsync_folder(target.parent)
     return target
 
 

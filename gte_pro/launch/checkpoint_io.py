@@ -1,0 +1,88 @@
+"""Checkpoint files that survive a kill at any moment.
+
+Lightning writes a checkpoint straight onto its final path, so a kill (or a full disk) during the write leaves a
+truncated ``last.ckpt`` and nothing to resume from. ``AtomicCheckpointIO`` writes to a temporary sibling, flushes
+it to disk, keeps the previous ``last.ckpt`` as ``previous.ckpt`` and only then renames the new file into place:
+at every instant the folder holds at least one complete checkpoint. ``is_intact`` checks a file before a run
+resumes from it (``gte_pro.launch.resume``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+
+from gte_pro.utils.files import temporary_sibling
+
+log = logging.getLogger(__name__)
+
+LAST = "last.ckpt"
+PREVIOUS = "previous.ckpt"  # the last.ckpt before the newest one, kept for when the newest is unreadable
+
+
+def is_intact(path: str | Path) -> str | None:
+    """None if ``path`` is a complete torch checkpoint, else why not. Reads the file once and checks the CRC of
+    every entry of its zip archive (no unpickling: cheap next to loading, and it catches truncation and bit rot)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            if not any(name.endswith("data.pkl") for name in archive.namelist()):
+                return "not a torch checkpoint (no data.pkl in the archive)"
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as error:
+        return f"unreadable ({type(error).__name__}: {error})"
+    return f"entry {bad} fails its CRC check" if bad else None
+
+
+def _fsync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)  # the renames themselves reach the disk
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _on_cpu(storage: Any, location: Any) -> Any:
+    return storage  # Lightning's default: every tensor stays on the CPU; the strategy moves what it needs
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's torch checkpoint IO, written atomically (local paths) and read with ``weights_only=True``."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        if not _is_local_file_protocol(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temporary_sibling(path)
+        try:
+            with open(tmp, "wb") as file:
+                torch.save(checkpoint, file)
+                file.flush()
+                os.fsync(file.fileno())
+            if path.name == LAST and path.is_file():
+                os.replace(path, path.with_name(PREVIOUS))
+            os.replace(tmp, path)
+        except OSError as error:
+            tmp.unlink(missing_ok=True)
+            raise OSError(error.errno, f"could not write checkpoint {path}: {error.strerror or error}") from error
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        _fsync_folder(path.parent)
+
+    def load_checkpoint(self, path: Any, map_location: Any = _on_cpu, weights_only: bool | None = None) -> Any:
+        # our checkpoints hold tensors, numbers, strings and plain containers only: no pickled code runs on load
+        return super().load_checkpoint(path, map_location=map_location,
+                                       weights_only=True if weights_only is None else weights_only)

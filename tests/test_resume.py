@@ -1,0 +1,206 @@
+"""Nothing lost: exact mid-epoch resume, atomic checkpoints, damaged-checkpoint fallback, resume safety.
+
+The kill -9 fault injection itself (subprocesses, many kills) is tests/test_fault_injection.py (slow).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch import Callback
+
+from gte_pro.data.collate import TokenCollator
+from gte_pro.data.datasets import TokenizedPairs
+from gte_pro.data.sampling import EpochSampler, ResumableLoader
+from gte_pro.launch.checkpoint_io import AtomicCheckpointIO, is_intact
+from gte_pro.launch.resume import check_resumed_config, resume_checkpoint
+from gte_pro.train import train
+
+
+# --- the data order ------------------------------------------------------------------------------------------
+def _sampler(world_size: int = 1, rank: int = 0, lengths: np.ndarray | None = None) -> EpochSampler:
+    return EpochSampler(103, batch_size=4, world_size=world_size, rank=rank, seed=7, lengths=lengths,
+                        window_batches=3)
+
+
+def test_ranks_share_each_global_batch_and_a_resumed_pass_continues_it():
+    lengths = np.arange(103) % 17
+    one = list(_sampler(lengths=lengths))
+    ranks = [list(_sampler(2, r, lengths)) for r in range(2)]
+    assert len(ranks[0]) == len(ranks[1]) == 12 * 4  # 12 full global batches of 8; 7 rows left over
+    whole = _sampler(2, 0, lengths).global_batches(0)
+    for step in range(12):
+        shares = [rows[step * 4 : (step + 1) * 4] for rows in ranks]
+        assert sorted(r for share in shares for r, _ in share) == sorted(whole[step].tolist())
+    assert len(one) == 25 * 4
+    resumed = _sampler(2, 1, lengths)
+    resumed.resume_at(0, 5)
+    assert list(resumed) == ranks[1][5 * 4 :]
+    assert list(resumed) == ranks[1]  # only the one resumed pass skips
+
+
+def test_a_finished_epoch_resumes_at_the_next_epoch_start():
+    sampler = _sampler()
+    sampler.resume_at(3, sampler.batches_per_epoch)
+    assert sampler.epoch == 4 and list(sampler)[0][1] == 4
+
+
+def _rows(n: int = 64) -> datasets.Dataset:
+    return datasets.Dataset.from_dict({"query": [[i] for i in range(n)], "positives": [[[100 + i]] for i in range(n)],
+                                       "negatives": [[[1000 + i], [2000 + i], [3000 + i]] for i in range(n)]})
+
+
+def _loader(num_workers: int, tokenizer) -> ResumableLoader:
+    pairs = TokenizedPairs(_rows(), num_negatives=2, seed=3)
+    return ResumableLoader(pairs, _sampler_for(pairs), batch_size=4, drop_last=True, num_workers=num_workers,
+                           collate_fn=TokenCollator(tokenizer))
+
+
+def _sampler_for(pairs: TokenizedPairs) -> EpochSampler:
+    return EpochSampler(len(pairs), batch_size=4, seed=11)
+
+
+def _signature(batch: dict) -> tuple:
+    return tuple(batch["rows"].tolist()), tuple(batch["doc"]["input_ids"].flatten().tolist())
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_state_resumes_the_same_batches_and_draws(tokenizer, num_workers: int):
+    """Stop after 5 batches of epoch 1, save the state, restore it into a new loader: the rest of the epoch (rows
+    and the drawn negatives) equals an uninterrupted pass; and every epoch draws other negatives."""
+    uninterrupted = _loader(num_workers, tokenizer)
+    uninterrupted.sampler.set_epoch(1)
+    expected = [_signature(b) for b in uninterrupted]
+    first = _loader(num_workers, tokenizer)
+    first.sampler.set_epoch(1)
+    iterator = iter(first)
+    head = [_signature(next(iterator)) for _ in range(5)]
+    state = first.state_dict()
+    assert state["epoch"] == 1 and state["batches_done"] == 5
+    resumed = _loader(num_workers, tokenizer)
+    resumed.load_state_dict(json.loads(json.dumps(state)))  # it travels in a checkpoint
+    assert head + [_signature(b) for b in resumed] == expected
+    resumed.sampler.set_epoch(2)
+    assert [_signature(b) for b in resumed] != expected
+
+
+def test_loader_refuses_a_state_from_another_batch_layout(tokenizer):
+    state = _loader(0, tokenizer).state_dict()
+    other = TokenizedPairs(_rows(), num_negatives=2, seed=3)
+    loader = ResumableLoader(other, EpochSampler(len(other), batch_size=8, seed=11), batch_size=8, drop_last=True)
+    with pytest.raises(ValueError, match="global_batch"):
+        loader.load_state_dict(state)
+
+
+# --- checkpoint files ----------------------------------------------------------------------------------------
+def _save(folder: Path, value: float) -> None:
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.full((256,), value)}}, folder / "last.ckpt")
+
+
+def test_checkpoint_writes_keep_the_previous_and_a_failed_write_changes_nothing(tmp_path: Path, monkeypatch):
+    _save(tmp_path, 1.0)
+    _save(tmp_path, 2.0)
+    load = AtomicCheckpointIO().load_checkpoint
+    assert load(tmp_path / "last.ckpt")["state_dict"]["w"][0] == 2.0
+    assert load(tmp_path / "previous.ckpt")["state_dict"]["w"][0] == 1.0
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    real_save = torch.save
+
+    def full_disk(obj, f, *args, **kwargs):
+        f.write(b"PK half a checkpoint")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError, match=r"could not write checkpoint .*last\.ckpt: No space left on device"):
+        _save(tmp_path, 3.0)
+    monkeypatch.setattr(torch, "save", real_save)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no temp file, nothing rotated
+
+
+def test_damaged_last_checkpoint_falls_back_to_the_previous_one(tmp_path: Path, caplog):
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    _save(folder, 1.0)
+    _save(folder, 2.0)
+    last = folder / "last.ckpt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # truncated, as by a crash of the disk
+    assert "unreadable" in is_intact(last)
+    with caplog.at_level("ERROR"):
+        found = resume_checkpoint(None, "auto", tmp_path)
+    assert found == str(folder / "previous.ckpt")
+    assert str(last) in caplog.text and "damaged" in caplog.text
+    assert not last.exists() and len(list(folder.glob("last.ckpt.corrupt-*"))) == 1  # never rotated over a good one
+    flipped = bytearray((folder / "previous.ckpt").read_bytes())
+    flipped[len(flipped) // 2] ^= 0xFF  # one bit of rot inside the tensor data
+    (folder / "previous.ckpt").write_bytes(bytes(flipped))
+    with pytest.raises(ValueError, match="holds no intact checkpoint"):
+        resume_checkpoint(None, "auto", tmp_path)
+    with pytest.raises(ValueError, match=r"ckpt_path=.*damaged"):
+        resume_checkpoint(str(next(folder.glob("last.ckpt.corrupt-*"))), "auto", tmp_path)
+    assert resume_checkpoint(None, "never", tmp_path) is None
+
+
+# --- resume safety ---------------------------------------------------------------------------------------------
+def test_resuming_with_a_changed_training_key_is_an_error_unless_forced(make_cfg, tmp_path: Path):
+    run = tmp_path / "run"
+    check_resumed_config(make_cfg(["debug=fast"], output_dir=run), run, None)
+    ckpt = str(run / "checkpoints" / "last.ckpt")
+    # where and how a run reports may change
+    assert check_resumed_config(make_cfg(["debug=fast", "data.num_workers=2", "logger=none"], output_dir=run),
+                                run, ckpt) == {}
+    changed = make_cfg(["debug=fast", "model.lr=5e-4", "data.batch_size=4"], output_dir=run)
+    with pytest.raises(ValueError, match=r"(?s)data\.batch_size: 8 -> 4.*model\.lr: 0\.001 -> 0\.0005.*resume=force"):
+        check_resumed_config(changed, run, ckpt)
+    forced = make_cfg(["debug=fast", "model.lr=5e-4", "data.batch_size=4", "resume=force"], output_dir=run)
+    assert check_resumed_config(forced, run, ckpt) == {"data.batch_size": [8, 4], "model.lr": [0.001, 0.0005],
+                                                       "optimizer.lr": [0.001, 0.0005]}
+
+
+# --- end to end, in one process ----------------------------------------------------------------------------------
+class Crash(Exception):
+    """Stands in for a kill: the run stops between two checkpoints, nothing cleans up after it."""
+
+
+class CrashAt(Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step == self.step:
+            raise Crash
+
+
+RUN = ["debug=fast", "logger=none", "callbacks.progress_bar=null", "callbacks.last_checkpoint.every_n_steps=2",
+       "trainer.limit_train_batches=null", "data.max_train_rows=96", "trainer.max_epochs=2",
+       "trainer.val_check_interval=5", "export.hf=false"]
+
+
+def test_a_run_stopped_mid_epoch_resumes_to_bit_identical_weights(make_cfg, tmp_path: Path):
+    """Uninterrupted vs stopped at step 7 (checkpoint at 6, validation at 5) and started again with the same
+    config: the same weights, bit for bit, and the same metrics.json."""
+    reference = tmp_path / "reference"
+    train(make_cfg(RUN, output_dir=reference))
+    stopped = tmp_path / "stopped"
+    with pytest.raises(Crash):
+        train(make_cfg([*RUN, "+callbacks.crash._target_=tests.test_resume.CrashAt", "+callbacks.crash.step=7"],
+                       output_dir=stopped))
+    assert torch.load(stopped / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
+    train(make_cfg(RUN, output_dir=stopped))
+
+    def weights(run: Path) -> dict[str, torch.Tensor]:
+        return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+
+    ours, theirs = weights(stopped), weights(reference)
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    a, b = (json.loads((run / "metrics.json").read_text()) for run in (stopped, reference))
+    assert a["resumed_from"] and not b["resumed_from"]
+    for key in ("val", "val_before", "global_step"):
+        assert a[key] == b[key], key
+    assert {k: v for k, v in a["train"].items() if "_per_s" not in k} == \
+        {k: v for k, v in b["train"].items() if "_per_s" not in k}
