@@ -31,6 +31,7 @@ from gte_pro.launch.preemption import PreemptionCheckpoint, under_submitit
 from gte_pro.launch.resume import check_resumed_config, resume_checkpoint
 from gte_pro.module import ContrastiveModule
 from gte_pro.utils.files import write_json_atomic
+from gte_pro.utils.secrets import redact_secrets
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ def _fit_validate_export(cfg: DictConfig, output_dir: Path, module: ContrastiveM
     """Validate, fit, validate the best checkpoint; on rank 0 export and write metrics.json. The final metrics."""
     trainer = build_trainer(cfg, callbacks, loggers)
     for lg in loggers:
-        lg.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+        lg.log_hyperparams(redact_secrets(OmegaConf.to_container(cfg, resolve=True)))
 
     suggested_lr = None
     if cfg.get("lr_find") and ckpt_path:

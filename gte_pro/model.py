@@ -84,6 +84,13 @@ def detect_pooling(name_or_path: str) -> tuple[str | None, bool | None]:
     return pooling, normalize
 
 
+def _refuse_remote_code(error: Exception, name_or_path: str, trust_remote_code: bool) -> None:
+    """transformers' refusal to run a repository's code, in terms of our config key."""
+    if "trust_remote_code" in str(error) and not trust_remote_code:
+        raise ValueError(f"{name_or_path}: this model's code lives in its hub repository and would run on this "
+                         "machine; set model.trust_remote_code=true to allow it") from error
+
+
 class Encoder(nn.Module):
     """Transformer backbone + pooling (+ L2 normalisation) with its tokenizer attached."""
 
@@ -102,10 +109,17 @@ class Encoder(nn.Module):
         compile: bool = False,
     ) -> None:
         super().__init__()
+        if not isinstance(trust_remote_code, bool):
+            # a string "false" is true: only a real boolean may decide whether hub code runs on this machine
+            raise ValueError(f"model.trust_remote_code={trust_remote_code!r} is not valid; valid choices: true, false")
         self.name_or_path = str(name_or_path)
-        self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
-            self.name_or_path, trust_remote_code=trust_remote_code
-        )
+        try:
+            self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
+                self.name_or_path, trust_remote_code=trust_remote_code
+            )
+        except ValueError as err:
+            _refuse_remote_code(err, self.name_or_path, trust_remote_code)
+            raise
         if random_init_config is not None:
             # a small randomly initialised BERT that shares the named tokenizer (used by tests / debug)
             config = BertConfig(vocab_size=len(self.tokenizer), **dict(random_init_config))
@@ -118,6 +132,7 @@ class Encoder(nn.Module):
             try:
                 self.backbone = AutoModel.from_pretrained(self.name_or_path, **kwargs)
             except (ValueError, ImportError) as err:
+                _refuse_remote_code(err, self.name_or_path, trust_remote_code)
                 if "attn_implementation" not in kwargs or "attn" not in str(err).lower():
                     raise
                 log.warning("%s does not support attn_implementation=%s; using the default", name_or_path,

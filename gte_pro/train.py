@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from gte_pro.config_checks import check_config
 from gte_pro.evaluation.run import evaluate
 from gte_pro.fit import fit
 from gte_pro.launch.environment import job_scope
@@ -21,5 +22,6 @@ def train(cfg: DictConfig) -> float | None:
     mode = cfg.get("mode", "train")
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is not valid; valid choices: {', '.join(MODES)}")
+    check_config(cfg)  # a wrong type or range fails here, naming the key, not as a TypeError deep inside
     with job_scope(cfg.devices):
         return MODES[mode](cfg)

@@ -9,6 +9,8 @@ Every error names the file, the line and the offending id.
 from __future__ import annotations
 
 import logging
+import re
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,12 +18,24 @@ from typing import Any
 
 from gte_pro.data.base import ContrastiveDataModule
 from gte_pro.data.cache import file_signature
-from gte_pro.data.records import DataError, Example, clean_text, iter_jsonl
+from gte_pro.data.records import (
+    MAX_TEXT_CHARS,
+    CleaningReport,
+    DataError,
+    Example,
+    clean_text,
+    iter_clean_examples,
+    iter_jsonl,
+    iter_text_lines,
+    type_name,
+)
 from gte_pro.evaluation.metrics import RetrievalSet
 
 log = logging.getLogger(__name__)
 
 QRELS_HEADER = ("query-id", "corpus-id", "score")
+_SURROGATES = re.compile("[\ud800-\udfff]")  # \ud800 escapes in JSON decode to these; no tokenizer accepts them
+_SCORE = re.compile(r"[+-]?[0-9]+")
 
 
 @dataclass
@@ -31,6 +45,8 @@ class BeirSet(RetrievalSet):
     name: str = ""
     query_ids: list[str] = field(default_factory=list)
     corpus_ids: list[str] = field(default_factory=list)
+    # what reading changed or noticed (cut or repaired texts, empty texts, repeated qrels lines), counted
+    anomalies: Counter = field(default_factory=Counter)
 
 
 # --- reading the three files -------------------------------------------------------------------------------------
@@ -53,7 +69,9 @@ def _string_field(record: Any, key: str, where: str, required: bool = True) -> s
     if key not in record:
         raise DataError(f"{where}: field '{key}' is missing")
     if not isinstance(value, str):
-        raise DataError(f"{where}: field '{key}' must be a string, got {type(value).__name__}")
+        raise DataError(f"{where}: field '{key}' must be a string, got {type_name(value)}")
+    if key == "_id" and not value.strip():
+        raise DataError(f"{where}: field '_id' is empty")
     return value
 
 
@@ -98,19 +116,18 @@ def beir_splits(folder: str | Path) -> list[str]:
 
 def _qrels_rows(path: Path) -> Iterator[tuple[str, int, list[str]]]:
     """(where, line number, 3 columns) per data line, after checking the header."""
-    with path.open(encoding="utf-8") as handle:
-        lines = ((n, line.rstrip("\r\n")) for n, line in enumerate(handle, start=1) if line.strip())
-        header = next(lines, None)
-        if header is None or tuple(header[1].split()) != QRELS_HEADER:
-            got = repr(header[1][:80]) if header else "an empty file"
-            raise DataError(f"{path}, line {header[0] if header else 1}: expected the header "
-                            f"'query-id<TAB>corpus-id<TAB>score', got {got}")
-        for line_no, line in lines:
-            columns = line.split("\t") if line.count("\t") == 2 else line.split()
-            if len(columns) != 3:
-                raise DataError(f"{path}, line {line_no}: expected 3 tab-separated columns "
-                                f"(query-id, corpus-id, score), got {len(columns)}")
-            yield f"{path}, line {line_no}", line_no, columns
+    lines = ((n, line.rstrip("\r\n")) for n, line in iter_text_lines(path) if line.strip())
+    header = next(lines, None)
+    if header is None or tuple(header[1].split()) != QRELS_HEADER:
+        got = repr(header[1][:80]) if header else "an empty file"
+        raise DataError(f"{path}, line {header[0] if header else 1}: expected the header "
+                        f"'query-id<TAB>corpus-id<TAB>score', got {got}")
+    for line_no, line in lines:
+        columns = line.split("\t") if line.count("\t") == 2 else line.split()
+        if len(columns) != 3:
+            raise DataError(f"{path}, line {line_no}: expected 3 tab-separated columns "
+                            f"(query-id, corpus-id, score), got {len(columns)}")
+        yield f"{path}, line {line_no}", line_no, columns
 
 
 def _qrels_path(folder: str | Path, split: str) -> Path:
@@ -121,41 +138,70 @@ def _qrels_path(folder: str | Path, split: str) -> Path:
     return path
 
 
-def read_beir_qrels(folder: str | Path, split: str, query_ids: Iterable[str],
-                    corpus_ids: Iterable[str]) -> dict[str, dict[str, int]]:
-    """query id -> {corpus id: score} of ``qrels/<split>.tsv``; every id must exist in queries/corpus."""
+def read_beir_qrels(folder: str | Path, split: str, query_ids: Iterable[str], corpus_ids: Iterable[str],
+                    anomalies: Counter | None = None) -> dict[str, dict[str, int]]:
+    """query id -> {corpus id: score} of ``qrels/<split>.tsv``; every id must exist in queries/corpus. A pair judged
+    twice with the same score is counted in ``anomalies``; with two scores it is an error naming both lines."""
     path = _qrels_path(folder, split)
     known_queries, known_docs = set(query_ids), set(corpus_ids)
     qrels: dict[str, dict[str, int]] = {}
-    for where, _, (query_id, doc_id, score) in _qrels_rows(path):
+    first_line: dict[tuple[str, str], int] = {}
+    for where, line_no, (query_id, doc_id, score) in _qrels_rows(path):
         if query_id not in known_queries:
             raise DataError(f"{where}: query-id '{query_id}' is not in queries.jsonl")
         if doc_id not in known_docs:
             raise DataError(f"{where}: corpus-id '{doc_id}' is not in corpus.jsonl")
-        try:
-            qrels.setdefault(query_id, {})[doc_id] = int(score)
-        except ValueError:
-            raise DataError(f"{where}: score '{score}' of query-id '{query_id}' is not an integer") from None
+        if not _SCORE.fullmatch(score):
+            raise DataError(f"{where}: score '{score}' of query-id '{query_id}' is not an integer")
+        judged = qrels.setdefault(query_id, {})
+        if doc_id in judged:
+            first = first_line[query_id, doc_id]
+            if judged[doc_id] != int(score):
+                raise DataError(f"{where}: query-id '{query_id}', corpus-id '{doc_id}' judged again with score "
+                                f"{score} (score {judged[doc_id]} on line {first})")
+            if anomalies is not None:
+                anomalies["qrels line repeated (same ids and score) ignored"] += 1
+            continue
+        judged[doc_id] = int(score)
+        first_line[query_id, doc_id] = line_no
     return qrels
+
+
+def _usable_text(text: str, what: str, anomalies: Counter) -> str:
+    """An evaluation text as the evaluator would see it, except what no tokenizer takes: cut at MAX_TEXT_CHARS
+    (far beyond any max_length) and unpaired surrogates replaced; each change (and an empty text) is counted."""
+    if len(text) > MAX_TEXT_CHARS:
+        text = text[:MAX_TEXT_CHARS]
+        anomalies[f"{what} cut at {MAX_TEXT_CHARS:,} chars"] += 1
+    if _SURROGATES.search(text):
+        text = _SURROGATES.sub("\ufffd", text)
+        anomalies[f"{what} with unpaired surrogates (invalid Unicode) replaced"] += 1
+    if not text.strip():
+        anomalies[f"empty {what}"] += 1
+    return text
 
 
 def load_beir(folder: str | Path, split: str = "test", name: str | None = None) -> BeirSet:
     """One split of a BEIR folder: the queries with at least one relevant document, over the whole corpus."""
     folder = _folder(folder)
     _qrels_path(folder, split)  # a wrong split name fails before a large corpus is read
+    anomalies: Counter = Counter()
     corpus_ids, corpus_texts = read_beir_corpus(folder)
     queries = read_beir_queries(folder)
-    qrels = read_beir_qrels(folder, split, queries, corpus_ids)
+    qrels = read_beir_qrels(folder, split, queries, corpus_ids, anomalies)
     index = {doc_id: j for j, doc_id in enumerate(corpus_ids)}
     # queries.jsonl order, like the evaluator; a query whose judgements are all 0 has nothing to find
     query_ids = [qid for qid in queries if any(score > 0 for score in qrels.get(qid, {}).values())]
     if not query_ids:
         raise DataError(f"{folder / 'qrels' / f'{split}.tsv'}: no query has a relevant document (score > 0)")
     relevant = [{index[doc] for doc, score in qrels[qid].items() if score > 0} for qid in query_ids]
-    beir = BeirSet(queries=[queries[qid] for qid in query_ids], corpus=corpus_texts, relevant=relevant,
-                   name=name or folder.name, query_ids=query_ids, corpus_ids=corpus_ids)
+    beir = BeirSet(queries=[_usable_text(queries[qid], "query", anomalies) for qid in query_ids],
+                   corpus=[_usable_text(text, "document", anomalies) for text in corpus_texts], relevant=relevant,
+                   name=name or folder.name, query_ids=query_ids, corpus_ids=corpus_ids, anomalies=anomalies)
     log.info("BEIR %s (%s, split %s): %d queries, %d documents", beir.name, folder, split, len(query_ids),
              len(corpus_ids))
+    if anomalies:
+        log.warning("BEIR %s: %s", beir.name, ", ".join(f"{what}: {n}" for what, n in anomalies.most_common()))
     return beir
 
 
@@ -185,15 +231,22 @@ class BeirDataModule(ContrastiveDataModule):
             raise DataError("data.path (a BEIR folder) is required with data=beir")
         self.path = str(Path(path).expanduser())
         self.train_split = train_split
-        self.val_splits = list(val_splits or [])
+        # one split name is a list of one (list("dev") would be three one-letter splits)
+        self.val_splits = [val_splits] if isinstance(val_splits, str) else list(val_splits or [])
         self.max_distractors = max_distractors
 
     def source_signature(self) -> Any:
-        return file_signature(self.path)
+        return file_signature(_folder(self.path))
 
     def _rows(self, split: str, queries: dict[str, str], corpus: dict[str, str]) -> Iterator[Example]:
-        qrels = read_beir_qrels(self.path, split, queries, corpus)
-        return self._clean(beir_examples(queries, corpus, qrels), f"{self.path}/qrels/{split}.tsv")
+        """The cleaned rows of one split; the report also counts repeated qrels lines."""
+        source = f"{self.path}/qrels/{split}.tsv"
+        report = CleaningReport(source)
+        rows = beir_examples(queries, corpus, read_beir_qrels(self.path, split, queries, corpus, report.cleaned))
+        if not rows:
+            raise DataError(f"{source}: no query has a relevant document (score > 0)")
+        self._record(report)
+        return iter_clean_examples(rows, report, self.min_query_chars, self.min_doc_chars)
 
     def load_rows(self) -> tuple[Iterable[Example], Iterable[Example] | None, list[str]]:
         corpus_ids, corpus_texts = read_beir_corpus(self.path)
@@ -204,5 +257,5 @@ class BeirDataModule(ContrastiveDataModule):
                           and (Path(self.path) / "qrels" / f"{s}.tsv").is_file()), None)
         val = self._rows(val_split, queries, corpus) if val_split else None
         # the rest of the corpus competes with the positives, as in a BEIR evaluation
-        distractors = [t for t in map(clean_text, corpus_texts) if t][: self.max_distractors]
+        distractors = [t for t in (clean_text(t[:MAX_TEXT_CHARS]) for t in corpus_texts) if t][: self.max_distractors]
         return train, val, distractors

@@ -32,7 +32,8 @@ from transformers import PreTrainedTokenizerBase
 from gte_pro.data.records import Example
 from gte_pro.utils.files import fsync_tree, make_folder, temporary_sibling, write_error
 
-FORMAT_VERSION = 1
+# 2: texts are cut at 100,000 characters when cleaned (gte_pro.data.records): older caches are rebuilt
+FORMAT_VERSION = 2
 TOKEN_COLUMNS = ["query", "positives", "negatives"]
 _IDS = pa.list_(pa.int32())
 SCHEMA = pa.schema([

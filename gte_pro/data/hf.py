@@ -8,7 +8,18 @@ from typing import Any
 
 from gte_pro.data.base import ContrastiveDataModule
 from gte_pro.data.cache import file_signature
-from gte_pro.data.records import DataError, Example, parse_record
+from gte_pro.data.records import CleaningReport, DataError, Example, clean_required, parse_record
+
+ROLES = ("query", "positive", "negatives")
+
+
+def _root_cause(error: BaseException, limit: int = 300) -> str:
+    """``Type: first line`` of the innermost cause: datasets wraps a JSON parse error (which names the row) in a
+    DatasetGenerationError that only says "An error occurred while generating the dataset"."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {(lines[0] if lines else '')[:limit]}"
 
 
 class HFDataModule(ContrastiveDataModule):
@@ -17,11 +28,17 @@ class HFDataModule(ContrastiveDataModule):
     def __init__(self, path: str, name: str | None = None, train_split: str = "train",
                  val_split: str | None = None, columns: dict[str, str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if not path or not isinstance(path, str):
+            raise DataError(f"data.path={path!r}: a hub name, a local data folder or a save_to_disk folder is "
+                            "required with data=hf")
+        unknown = sorted(set(columns or {}) - set(ROLES))
+        if unknown:
+            raise DataError(f"data.columns: unknown role(s) {', '.join(unknown)}; valid choices: {', '.join(ROLES)}")
         self.path = path
         self.name = name
         self.train_split = train_split
         self.val_split = val_split
-        self.columns = {"query": "query", "positive": "positive", "negatives": "negatives", **(columns or {})}
+        self.columns = {role: role for role in ROLES} | dict(columns or {})
 
     def source_signature(self) -> Any:
         local = Path(self.path).expanduser()
@@ -29,14 +46,27 @@ class HFDataModule(ContrastiveDataModule):
         source = file_signature(local) if local.exists() else {"hub": self.path, "name": self.name}
         return {"source": source, "splits": [self.train_split, self.val_split], "columns": self.columns}
 
-    def _table(self, split: str) -> Any:
+    def _load(self, split: str) -> Any:
         import datasets
 
         local = Path(self.path).expanduser()
         if local.joinpath("dataset_dict.json").exists() or local.joinpath("dataset_info.json").exists():
-            loaded = datasets.load_from_disk(str(local))
-            return loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
+            return datasets.load_from_disk(str(local))
         return datasets.load_dataset(self.path, self.name, split=split)
+
+    def _table(self, split: str) -> Any:
+        import datasets
+
+        try:
+            loaded = self._load(split)
+        except Exception as err:  # datasets raises many types (JSON, Arrow, file, split, hub errors): name the path
+            raise DataError(f"{self.path}: could not load split '{split}' ({_root_cause(err)})") from err
+        if isinstance(loaded, datasets.DatasetDict):
+            if split not in loaded:
+                raise DataError(f"{self.path}: no split '{split}' (data.train_split / data.val_split); valid "
+                                f"choices: {', '.join(loaded) or 'none'}")
+            return loaded[split]
+        return loaded
 
     def _records(self, split: str) -> Iterator[Example]:
         where = f"{self.path}[{split}]"
@@ -49,12 +79,20 @@ class HFDataModule(ContrastiveDataModule):
         for index, row in enumerate(table):
             record = {"query": row[self.columns["query"]], "positive": row[self.columns["positive"]]}
             if has_negatives:
+                # Arrow stores a missing list as null: no hard negatives for this row
                 record["negatives"] = row[self.columns["negatives"]] or []
-            yield parse_record(record, f"{where}, row {index}")
+            # errors name the dataset's own columns (data.columns), not our role names
+            yield parse_record(record, f"{where}, row {index}", self.columns)
 
     def _load_split(self, split: str) -> Iterator[Example]:
         return self._clean(self._records(split), f"{self.path}[{split}]")
 
     def load_rows(self) -> tuple[Iterable[Example], Iterable[Example] | None, list[str]]:
         train = self._load_split(self.train_split)
-        return train, (self._load_split(self.val_split) if self.val_split else None), []
+        val = None
+        if self.val_split:
+            report = CleaningReport(f"{self.path}[{self.val_split}]")
+            self._record(report)
+            val = clean_required(self._records(self.val_split), report, "data.val_split", self.min_query_chars,
+                                 self.min_doc_chars)
+        return train, val, []

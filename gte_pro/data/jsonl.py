@@ -8,7 +8,7 @@ from typing import Any
 
 from gte_pro.data.base import ContrastiveDataModule
 from gte_pro.data.cache import file_signature
-from gte_pro.data.records import DataError, Example, iter_pairs_jsonl
+from gte_pro.data.records import CleaningReport, DataError, Example, clean_required, iter_pairs_jsonl
 
 
 class JsonlDataModule(ContrastiveDataModule):
@@ -27,11 +27,18 @@ class JsonlDataModule(ContrastiveDataModule):
 
     def source_signature(self) -> Any:
         for path in filter(None, (self.train_file, self.val_file)):
+            if Path(path).is_dir():
+                raise DataError(f"{path}: is a folder, expected a JSON-lines file")
             if not Path(path).is_file():
                 raise DataError(f"{path}: file not found")
         return file_signature(*filter(None, (self.train_file, self.val_file)))
 
     def load_rows(self) -> tuple[Iterable[Example], Iterable[Example] | None, list[str]]:
         train = self._clean(iter_pairs_jsonl(self.train_file), self.train_file)
-        val = self._clean(iter_pairs_jsonl(self.val_file), self.val_file) if self.val_file else None
+        val = None
+        if self.val_file:
+            report = CleaningReport(self.val_file)
+            self._record(report)
+            val = clean_required(iter_pairs_jsonl(self.val_file), report, "data.val_file", self.min_query_chars,
+                                 self.min_doc_chars)
         return train, val, []

@@ -3,12 +3,13 @@ them (to ``mode=eval``, or next to the held-out split during training)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import LightningDataModule
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
@@ -18,20 +19,38 @@ from gte_pro.data.datasets import EvalTexts
 from gte_pro.evaluation.metrics import RetrievalSet
 
 
-def eval_set_specs(entries: Sequence[Any], default_split: str) -> list[tuple[str, str, str]]:
+def _entry_spec(entry: Any, where: str) -> tuple[str, Any, Any]:
+    """(path, split or None, name or None) of one ``eval.beir`` entry; anything but a folder name or a
+    {path, split, name} mapping of strings is a ValueError naming the entry."""
+    if isinstance(entry, DictConfig):
+        entry = OmegaConf.to_container(entry, resolve=True)
+    if isinstance(entry, Mapping):
+        unknown = set(entry) - {"path", "split", "name"}
+        if "path" not in entry or unknown:
+            raise ValueError(f"{where}={entry}: expected a folder or {{path, split, name}}"
+                             + (f" (unknown keys: {', '.join(sorted(map(str, unknown)))})" if unknown else ""))
+        path, split, name = entry["path"], entry.get("split"), entry.get("name")
+    else:
+        path, split, name = entry, None, None
+    path = os.fspath(path) if isinstance(path, os.PathLike) else path
+    for key, value in (("path", path), ("split", split), ("name", name)):
+        # a split or name may be written as a number (split: 2020); a list, a mapping or an empty string may not
+        text_like = isinstance(value, str | int) and not isinstance(value, bool) and str(value).strip()
+        if not (value is None and key != "path") and not text_like:
+            raise ValueError(f"{where}: {key}={value!r} is not valid; expected a folder name or "
+                             "{path: folder, split: name, name: name} with non-empty strings")
+    return str(path), split, name
+
+
+def eval_set_specs(entries: Sequence[Any] | str, default_split: str) -> list[tuple[str, str, str]]:
     """(path, split, name) per ``eval.beir`` entry: a folder, or a {path, split, name} mapping."""
+    if isinstance(entries, str):  # eval.beir=data/scifact: one folder, not one folder per character
+        entries = [entries]
+    if not isinstance(entries, Sequence | ListConfig):
+        raise ValueError(f"eval.beir={entries!r}: expected a list of BEIR folders, e.g. eval.beir=[data/scifact]")
     specs = []
-    for entry in entries:
-        if isinstance(entry, DictConfig):
-            entry = OmegaConf.to_container(entry, resolve=True)
-        if isinstance(entry, Mapping):
-            unknown = set(entry) - {"path", "split", "name"}
-            if "path" not in entry or unknown:
-                raise ValueError(f"eval.beir entry {entry}: expected a folder or {{path, split, name}}"
-                                 + (f" (unknown keys: {', '.join(sorted(unknown))})" if unknown else ""))
-            path, split, name = str(entry["path"]), entry.get("split"), entry.get("name")
-        else:
-            path, split, name = str(entry), None, None
+    for index, entry in enumerate(entries):
+        path, split, name = _entry_spec(entry, f"eval.beir[{index}]")
         specs.append((path, str(split or default_split), str(name or Path(path).expanduser().name)))
     names = [name for _, _, name in specs]
     duplicates = sorted({n for n in names if names.count(n) > 1})

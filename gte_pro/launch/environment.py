@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from gte_pro.launch.relaunch import patch_lightning_ddp_relaunch
@@ -48,11 +48,34 @@ def tasks_per_node_from_scheduler() -> int | None:
     return None
 
 
-def check_devices_match_tasks(devices: Any, tasks_per_node: int | None) -> None:
+def device_count(devices: Any) -> int | None:
+    """How many processes ``devices`` asks for: a positive integer, a list of device indices or ``"0,1"``; None for
+    ``auto`` and -1 (all the machine has). Anything else is a ValueError naming the key and the valid forms."""
+    text = str(devices).strip().strip("'\"")
+    if text in ("auto", "-1"):
+        return None
+    if isinstance(devices, Sequence) and not isinstance(devices, str):  # a list (or Hydra's ListConfig) of indices
+        if devices and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices):
+            return len(devices)
+    parts = text.split(",")
+    if not isinstance(devices, bool) and all(p.strip().isdigit() for p in parts):
+        count = int(parts[0]) if len(parts) == 1 else len(parts)
+        if count >= 1:
+            return count
+    raise ValueError(f"devices={devices!r} is not valid; valid choices: a positive integer, auto, -1 (all), or "
+                     "device indices such as [0,1]")
+
+
+def check_devices_match_tasks(devices: Any, tasks_per_node: Any) -> None:
     """SLURM (or submitit_local) starts one process per device: the two numbers must agree."""
-    if tasks_per_node is None or str(devices) == "auto":
+    if tasks_per_node is None:
         return
-    if int(devices) != tasks_per_node:
+    if isinstance(tasks_per_node, bool) or not str(tasks_per_node).strip().isdigit() or int(tasks_per_node) < 1:
+        raise ValueError(f"hydra.launcher.tasks_per_node={tasks_per_node!r} is not valid; valid choices: a positive "
+                         "integer, one task per device (the launcher configs default it to ${devices})")
+    tasks_per_node = int(tasks_per_node)
+    wanted = device_count(devices)
+    if wanted is not None and wanted != tasks_per_node:
         raise ValueError(
             f"devices={devices} but the launcher runs {tasks_per_node} task(s) per node: set "
             f"hydra.launcher.tasks_per_node={devices} (the launcher configs default it to ${{devices}}) "

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gte_pro.launch.checkpoint_io import LAST, PREVIOUS, is_intact
 from gte_pro.utils.files import write_json_atomic
+from gte_pro.utils.secrets import redact_secrets
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ def training_config(cfg: DictConfig) -> dict[str, Any]:
         else:
             flat[prefix[:-1]] = node
 
-    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    walk(redact_secrets(OmegaConf.to_container(cfg, resolve=True)), "")
     return {key: value for key, value in flat.items()
             if not any(key == skip or key.startswith(skip + ".") for skip in NOT_TRAINING)}
 

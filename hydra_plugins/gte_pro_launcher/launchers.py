@@ -1,32 +1,69 @@
 """Hydra launcher plugins (Hydra only loads launchers from the ``hydra_plugins`` namespace).
 
-The submitit launchers of hydra-submitit-launcher, plus one check before anything is submitted: every job's
-``devices`` must equal the launcher's ``tasks_per_node``, since SLURM (or submitit_local) starts one process per
-device. (A check in a Hydra callback would only be a warning: Hydra turns callback errors into warnings.)
+The submitit launchers of hydra-submitit-launcher, plus checks before anything is submitted:
+
+- every job's ``devices`` must equal the launcher's ``tasks_per_node``, since SLURM (or submitit_local) starts one
+  process per device. (A check in a Hydra callback would only be a warning: Hydra turns callback errors into
+  warnings.)
+- every string that submitit writes into the sbatch script stays on its own line. submitit quotes option values
+  with ``shlex.quote`` (``--job-name='x; rm -rf /'`` is one harmless name), but a newline inside quotes still ends
+  the ``#SBATCH`` comment line, and the next line runs as a command; ``additional_parameters`` keys are written
+  unquoted. So no launcher string may hold a control character, and option names are plain words.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher as _submitit
 
 from gte_pro.launch.environment import check_devices_match_tasks, without_distributed_env
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+
+
+def _strings(value: Any, key: str) -> Iterator[tuple[str, str]]:
+    """(config key, string) for every string in a launcher parameter, dict keys included."""
+    if isinstance(value, str):
+        yield key, value
+    elif isinstance(value, Mapping):
+        for name, item in value.items():
+            yield f"{key}.{name}", str(name)
+            yield from _strings(item, f"{key}.{name}")
+    elif isinstance(value, Sequence):
+        for index, item in enumerate(value):
+            yield from _strings(item, f"{key}[{index}]")
+
+
+def check_sbatch_params(params: Mapping[str, Any]) -> None:
+    """Refuse launcher parameters that could add a line to the generated sbatch script (see the module doc)."""
+    for key, value in params.items():
+        for where, text in _strings(value, f"hydra.launcher.{key}"):
+            if _CONTROL.search(text):
+                raise ValueError(f"{where}={text!r}: a launcher string may not hold a newline or another control "
+                                 "character (it would start a new line of the sbatch script)")
+    for name in (params.get("additional_parameters") or {}):
+        if not _OPTION_NAME.fullmatch(str(name)):
+            raise ValueError(f"hydra.launcher.additional_parameters: {str(name)!r} is not an sbatch option name "
+                             "(letters, digits, '-' and '_', e.g. mail-type)")
+
 
 def _check_jobs(launcher: Any, job_overrides: Sequence[Sequence[str]]) -> None:
-    tasks = int(launcher.params.get("tasks_per_node") or 1)
+    check_sbatch_params(launcher.params)
+    tasks = launcher.params.get("tasks_per_node")
     for overrides in job_overrides:
         values = dict(o.split("=", 1) for o in overrides if "=" in o)
-        check_devices_match_tasks(values.get("devices", launcher.config.devices), tasks)
+        check_devices_match_tasks(values.get("devices", launcher.config.devices), 1 if tasks is None else tasks)
 
 
 class _CheckedLaunch:
-    """Refuses jobs whose ``devices`` differ from ``tasks_per_node``, then submits without the torch.distributed
-    variables: sbatch exports the submitting shell's environment to the job, and a MASTER_PORT (or RANK,
-    WORLD_SIZE...) left there by an earlier run would override the per-job port Lightning derives from the SLURM job
-    id, so that two jobs of one sweep would meet on the same port."""
+    """Refuses jobs whose ``devices`` differ from ``tasks_per_node`` and strings that could inject sbatch lines,
+    then submits without the torch.distributed variables: sbatch exports the submitting shell's environment to the
+    job, and a MASTER_PORT (or RANK, WORLD_SIZE...) left there by an earlier run would override the per-job port
+    Lightning derives from the SLURM job id, so that two jobs of one sweep would meet on the same port."""
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
         _check_jobs(self, job_overrides)

@@ -1,0 +1,216 @@
+"""The composed config, checked before anything is built.
+
+Hydra passes ``data.batch_size=abc`` through as a string and a YAML config has no types, so a wrong value would
+otherwise surface as a ``TypeError: '<' not supported between 'str' and 'int'`` deep inside a data module or
+Lightning, or not at all (``seed=-1`` silently becomes seed 0, ``model.trust_remote_code="false"`` is a true
+string). ``check_config`` names every bad key, its value and what is valid, in one error.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hydra.utils import get_object
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
+
+from gte_pro.launch.environment import device_count
+
+
+class ConfigError(ValueError):
+    """A composed config with a wrong value or key; the message names each key and what is valid."""
+
+
+_ABSENT = object()
+REQUIRED_GROUPS = ("model", "data", "loss", "optimizer", "trainer")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def integer(low: int | None = None, optional: bool = False) -> Callable[[Any], str | None]:
+    """An int (not a bool) of at least ``low``; ``optional``: or null."""
+    def check(value: Any) -> str | None:
+        if value is None and optional:
+            return None
+        if isinstance(value, int) and not isinstance(value, bool) and (low is None or value >= low):
+            return None
+        return "expected an integer" + (f" >= {low}" if low is not None else "") + (" or null" if optional else "")
+    return check
+
+
+def number(low: float | None = None, high: float | None = None, open_low: bool = False, open_high: bool = False,
+           optional: bool = False) -> Callable[[Any], str | None]:
+    """A finite int or float between ``low`` and ``high`` (``open_*``: the bound itself excluded)."""
+    def check(value: Any) -> str | None:
+        if value is None and optional:
+            return None
+        if _number(value) and (low is None or value > low or (value == low and not open_low)) and (
+                high is None or value < high or (value == high and not open_high)):
+            return None
+        bounds = [f"{'>' if open_low else '>='} {low}"] if low is not None else []
+        bounds += [f"{'<' if open_high else '<='} {high}"] if high is not None else []
+        return " ".join(part for part in ("expected a number", " and ".join(bounds), "or null" * optional) if part)
+    return check
+
+
+def choice(*options: Any) -> Callable[[Any], str | None]:
+    """One of ``options``, of the same type too (``1`` is not ``true``, the string ``"false"`` is not ``false``)."""
+    shown = ", ".join("null" if o is None else str(o).lower() if isinstance(o, bool) else str(o) for o in options)
+
+    def check(value: Any) -> str | None:
+        return None if any(value == o and type(value) is type(o) for o in options) else f"valid choices: {shown}"
+    return check
+
+
+def _devices(value: Any) -> str | None:
+    try:
+        device_count(value)
+    except ValueError:
+        return "valid choices: a positive integer, auto, -1 (all), or device indices such as [0,1]"
+    return None
+
+
+FLAG = choice(True, False)
+RULES: dict[str, Callable[[Any], str | None]] = {
+    # numpy's range: Lightning replaces any other seed by 0, with only a warning
+    "seed": lambda v: integer(0)(v) or (None if v <= 2**32 - 1 else "expected an integer <= 4294967295"),
+    "devices": _devices,
+    "mode": choice("train", "eval"),
+    "lr_find": FLAG,
+    "lr_find_steps": integer(1),
+    "matmul_precision": choice("highest", "high", "medium"),
+    "model.lr": number(),  # its sign is torch's to check ("Invalid learning rate: -1")
+    "model.trust_remote_code": FLAG,
+    "model.pooling": choice("mean", "cls", "last", None),
+    "model.normalize": choice(True, False, None),
+    "model.max_length": integer(1),
+    "model.gradient_checkpointing": FLAG,
+    "model.compile": FLAG,
+    "loss.temperature": number(0, open_low=True),
+    "loss.mini_batch_size": integer(1, optional=True),
+    "loss.max_skipped_steps": integer(0),
+    "data.batch_size": integer(2),
+    "data.eval_batch_size": integer(1),
+    "data.num_negatives": integer(0),
+    "data.max_length": integer(1),
+    "data.num_workers": integer(0),
+    "data.val_fraction": number(0, 1, open_high=True),
+    "data.max_val_queries": integer(1, optional=True),
+    "data.max_train_rows": integer(1, optional=True),
+    "data.min_query_chars": integer(0),
+    "data.min_doc_chars": integer(0),
+    "data.length_window": integer(1),
+    "data.max_distractors": integer(0, optional=True),
+    "data.group_by_length": FLAG,
+    "data.pin_memory": FLAG,
+    "data.persistent_workers": FLAG,
+    "trainer.max_epochs": integer(-1, optional=True),
+    "trainer.max_steps": integer(-1),
+    "trainer.accumulate_grad_batches": integer(1),
+    "trainer.log_every_n_steps": integer(0),
+    "trainer.gradient_clip_val": number(0, optional=True),
+    "trainer.limit_train_batches": number(0, optional=True),
+    "trainer.val_check_interval": number(0, open_low=True, optional=True),
+    "trainer.check_val_every_n_epoch": integer(1, optional=True),
+    "trainer.num_sanity_val_steps": integer(-1),
+    "eval.batch_size": integer(1, optional=True),
+    "eval.max_length": integer(1, optional=True),
+}
+
+# keys of a node that are not arguments of its target (build_encoder hands model.lr to the optimizer)
+_NOT_ARGUMENTS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
+_EXTRA_KEYS = {"model": {"lr"}}
+
+
+def _accepted_arguments(target: str) -> set[str] | None:
+    """The keyword arguments a class accepts, following ``**kwargs`` up its bases; None if it takes any."""
+    cls = get_object(target)
+    names: set[str] = set()
+    for klass in inspect.getmro(cls) if inspect.isclass(cls) else [cls]:
+        init = klass.__init__ if inspect.isclass(klass) else klass
+        if inspect.isclass(klass) and "__init__" not in vars(klass):
+            continue
+        params = list(inspect.signature(init).parameters.values())
+        names |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            return names - {"self"}
+    return None
+
+
+def _unknown_keys(cfg: DictConfig) -> list[str]:
+    """``+data.bogus=1`` composes, then fails as ``unexpected keyword argument``: name it and the valid keys."""
+    problems = []
+    for group in ("data", "model", "loss"):
+        node = cfg.get(group)
+        target = node.get("_target_") if isinstance(node, DictConfig) else None
+        if not isinstance(target, str) or not target.startswith("gte_pro."):
+            continue
+        accepted = _accepted_arguments(target)
+        if accepted is None:
+            continue
+        valid = accepted | _NOT_ARGUMENTS | _EXTRA_KEYS.get(group, set())
+        for key in sorted(set(node.keys()) - valid):
+            problems.append(f"{group}.{key}: not a setting of {target}; valid keys: "
+                            f"{', '.join(sorted(valid - _NOT_ARGUMENTS))}")
+    return problems
+
+
+def _leaves(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted key, value as written) of every leaf, ``hydra.*`` left out."""
+    if isinstance(node, dict):
+        return [leaf for key, child in node.items() if f"{prefix}{key}" != "hydra"
+                for leaf in _leaves(child, f"{prefix}{key}.")]
+    return [(prefix[:-1], node)]
+
+
+def _unset_or_unresolvable(cfg: DictConfig) -> dict[str, str]:
+    """key -> problem, for each ``???`` left unset and each ``${...}`` that cannot be resolved (a typo, an unset
+    environment variable, a removed group)."""
+    problems = {}
+    for key, written in _leaves(OmegaConf.to_container(cfg, resolve=False)):
+        if written == "???":
+            problems[key] = f"{key} is required: set {key}=..."
+            continue
+        try:
+            OmegaConf.select(cfg, key, throw_on_missing=False)
+        except InterpolationResolutionError as err:
+            problems[key] = f"{key}: cannot be resolved ({str(err).splitlines()[0]})"
+    return problems
+
+
+def _absent_groups(cfg: DictConfig) -> list[str]:
+    """``model=null`` or ``~model`` leaves a run without a part it cannot do without."""
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    return [f"{group}: no option chosen; valid choices: "
+            f"{', '.join(sorted(p.stem for p in (conf / group).glob('*.yaml'))) or '(see conf/)'}"
+            for group in REQUIRED_GROUPS if not isinstance(cfg.get(group), DictConfig)]
+
+
+def config_problems(cfg: DictConfig) -> list[str]:
+    """Every problem of ``cfg`` as one line naming the key, its value and what is valid; [] for a good config."""
+    unusable = _unset_or_unresolvable(cfg)
+    problems = _absent_groups(cfg) + list(unusable.values())
+    for key, rule in RULES.items():
+        if key in unusable:
+            continue
+        value = OmegaConf.select(cfg, key, default=_ABSENT)
+        if value is _ABSENT:
+            continue  # not part of this config (e.g. a data source without max_distractors)
+        if OmegaConf.is_config(value):
+            value = OmegaConf.to_container(value, resolve=True)
+        if (problem := rule(value)) is not None:
+            problems.append(f"{key}={value!r}: {problem}")
+    return problems + _unknown_keys(cfg)
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Raise ConfigError listing every bad key of ``cfg`` (see ``config_problems``)."""
+    problems = config_problems(cfg)
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
