@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install train test test-slow test-all lint clean bench bench-eval bench-gradcache bench-scale
+.PHONY: install train test test-slow test-all lint clean bench bench-eval bench-gradcache bench-scale reliability
 
 # torch first and alone: the pinned CPU wheel; an open range would pull a multi-GB CUDA build
 $(VENV)/.installed: pyproject.toml
@@ -28,7 +28,7 @@ test-slow: install
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m slow $(ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check gte_pro tests train.py benchmarks hydra_plugins
+	$(VENV)/bin/ruff check gte_pro tests train.py benchmarks hydra_plugins scripts
 
 # corpus encoding texts/s: our evaluation vs sentence-transformers' encode (~2 min on 2 CPU cores)
 # make bench-eval ARGS="--texts 1000 --batch-size 64 --max-length 256"
@@ -51,6 +51,12 @@ bench: install
 # ~15 min on 2 CPU cores, ~1 GB of files under --workdir)
 bench-scale: install
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_scale.py $(ARGS)
+
+# kill -9 a tiny 2-epoch run at random moments (and inside checkpoint writes and exports), restart it with the same
+# command, compare with an uninterrupted run bit for bit (README, Reliability; ~45 min on 2 CPU cores)
+# make reliability ARGS="--variants base,ddp --kills 5"
+reliability: install
+	HF_HUB_OFFLINE=1 $(PY) scripts/fault_injection.py $(ARGS)
 
 clean:
 	rm -rf outputs multirun .pytest_cache .ruff_cache
