@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
@@ -30,7 +31,7 @@ from gte_pro.export.writers import export_sentence_transformers
 from gte_pro.launch.preemption import PreemptionCheckpoint, under_submitit
 from gte_pro.launch.resume import check_resumed_config, resume_checkpoint
 from gte_pro.module import ContrastiveModule
-from gte_pro.utils.files import write_json_atomic
+from gte_pro.utils.files import remove_stale_temporaries, write_json_atomic
 from gte_pro.utils.secrets import redact_secrets
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,15 @@ def _finish_wandb(loggers: list[Logger], failed: bool) -> None:
         wandb.finish(exit_code=1 if failed else 0)
 
 
+def _remove_leftovers(output_dir: Path) -> None:
+    """Rank 0: temporary files of a killed earlier start (a checkpoint, an export half written) go first."""
+    if rank_zero_only.rank != 0:
+        return
+    for folder in (output_dir, output_dir / "checkpoints"):
+        for path in remove_stale_temporaries(folder):
+            log.info("removed %s, left by a run that was killed while writing it", path)
+
+
 def _format(metrics: dict[str, float]) -> str:
     return " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()))
 
@@ -83,6 +93,7 @@ def fit(cfg: DictConfig) -> float | None:
     seed_and_precision(cfg)
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(output_dir)
     ckpt_path = resume_checkpoint(cfg.get("ckpt_path"), cfg.get("resume", "auto"), output_dir)
     config_changes = check_resumed_config(cfg, output_dir, ckpt_path)
     if ckpt_path:  # continuing in a folder that holds checkpoints is the point, not a mistake to warn about

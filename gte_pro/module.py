@@ -75,6 +75,9 @@ class ContrastiveModule(LightningModule):
         return getattr(self.loss, "mini_batch_size", None)
 
     def on_fit_start(self) -> None:
+        if getattr(self, "_resumed_stopped", False):  # restored after the checkpoint: fit ends where it had stopped
+            self.trainer.should_stop = True
+            self._resumed_stopped = False
         if self.mini_batch_size and isinstance(getattr(self.trainer, "strategy", None), FSDPStrategy):
             # the replay re-runs the encoder inside backward and hands gradients to the parameter tensors of the
             # forward; FSDP gathers and frees sharded parameters around forward/backward itself
@@ -153,11 +156,14 @@ class ContrastiveModule(LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["gte_pro_train_metrics"] = self.train_metrics()
         checkpoint["gte_pro_guard"] = self.guard.state_dict()  # a resumed run counts on towards the same limit
+        # Lightning does not save a stop decision (early stopping): a run killed after it would train on
+        checkpoint["gte_pro_should_stop"] = bool(self._trainer is not None and self.trainer.should_stop)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get("gte_pro_train_metrics", {})
         self._train_metrics = {name: torch.tensor(value) for name, value in saved.items()}
         self.guard.load_state_dict(checkpoint.get("gte_pro_guard", {}))
+        self._resumed_stopped = bool(checkpoint.get("gte_pro_should_stop", False))
 
     # --- validation: retrieval over the held-out corpus and any named sets (BEIR folders) ------------------------
     def on_validation_epoch_start(self) -> None:

@@ -21,6 +21,7 @@ from gte_pro.data.sampling import EpochSampler, ResumableLoader
 from gte_pro.launch.checkpoint_io import AtomicCheckpointIO, is_intact
 from gte_pro.launch.resume import check_resumed_config, resume_checkpoint
 from gte_pro.train import train
+from gte_pro.utils.files import remove_stale_temporaries
 
 
 # --- the data order ------------------------------------------------------------------------------------------
@@ -146,6 +147,24 @@ def test_damaged_last_checkpoint_falls_back_to_the_previous_one(tmp_path: Path, 
     assert resume_checkpoint(None, "never", tmp_path) is None
 
 
+def test_temporaries_of_killed_writers_are_removed_and_live_ones_kept(tmp_path: Path):
+    import os
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)  # a process that has exited: what a kill -9 leaves behind
+    (tmp_path / f"last.ckpt.tmp{pid}").write_bytes(b"half a checkpoint")
+    (tmp_path / f"hf.tmp{pid}").mkdir()
+    (tmp_path / f"hf.tmp{pid}" / "model.safetensors").write_bytes(b"half a model")
+    (tmp_path / f"model.tmp{pid}.old").mkdir()
+    (tmp_path / f"metrics.json.tmp{os.getpid()}").write_text("{}")  # a live writer's: not ours to remove
+    (tmp_path / "last.ckpt").write_bytes(b"kept")
+    removed = remove_stale_temporaries(tmp_path)
+    assert sorted(p.name for p in removed) == sorted([f"last.ckpt.tmp{pid}", f"hf.tmp{pid}", f"model.tmp{pid}.old"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["last.ckpt", f"metrics.json.tmp{os.getpid()}"])
+
+
 # --- resume safety ---------------------------------------------------------------------------------------------
 def test_resuming_with_a_changed_training_key_is_an_error_unless_forced(make_cfg, tmp_path: Path):
     run = tmp_path / "run"
@@ -176,6 +195,11 @@ class CrashAt(Callback):
             raise Crash
 
 
+class CrashAtTrainEnd(Callback):
+    def on_train_end(self, trainer, *args) -> None:  # before LastCheckpoint's own save at the end
+        raise Crash
+
+
 RUN = ["debug=fast", "logger=none", "callbacks.progress_bar=null", "callbacks.last_checkpoint.every_n_steps=2",
        "trainer.limit_train_batches=null", "data.max_train_rows=96", "trainer.max_epochs=2",
        "trainer.val_check_interval=5", "export.hf=false"]
@@ -192,7 +216,10 @@ def test_a_run_stopped_mid_epoch_resumes_to_bit_identical_weights(make_cfg, tmp_
                        output_dir=stopped))
     assert torch.load(stopped / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
     train(make_cfg(RUN, output_dir=stopped))
+    _assert_same_run(stopped, reference)
 
+
+def _assert_same_run(stopped: Path, reference: Path) -> None:
     def weights(run: Path) -> dict[str, torch.Tensor]:
         return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
 
@@ -204,3 +231,16 @@ def test_a_run_stopped_mid_epoch_resumes_to_bit_identical_weights(make_cfg, tmp_
         assert a[key] == b[key], key
     assert {k: v for k, v in a["train"].items() if "_per_s" not in k} == \
         {k: v for k, v in b["train"].items() if "_per_s" not in k}
+
+
+def test_a_run_killed_after_early_stopping_decided_stops_there_when_resumed(make_cfg, tmp_path: Path):
+    """Lightning does not save trainer.should_stop: without our record, the resumed run would train on."""
+    run = [*RUN, "callbacks.early_stopping.patience=0", "callbacks.early_stopping.min_delta=1.0"]
+    reference = tmp_path / "reference"
+    train(make_cfg(run, output_dir=reference))
+    assert json.loads((reference / "metrics.json").read_text())["global_step"] == 10  # stopped at the 2nd validation
+    stopped = tmp_path / "stopped"
+    with pytest.raises(Crash):
+        train(make_cfg([*run, "+callbacks.crash._target_=tests.test_resume.CrashAtTrainEnd"], output_dir=stopped))
+    train(make_cfg(run, output_dir=stopped))
+    _assert_same_run(stopped, reference)

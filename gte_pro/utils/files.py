@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -147,3 +148,28 @@ def write_text_atomic(target: str | Path, text: str) -> Path:
 
 def write_json_atomic(target: str | Path, blob: Any) -> Path:
     return write_text_atomic(target, json.dumps(blob, indent=2) + "\n")
+
+
+_TEMPORARY = re.compile(r"\.tmp(\d+)")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
+def remove_stale_temporaries(folder: Path) -> list[Path]:
+    """Remove the temporary siblings (``<name>.tmp<pid>...``) in ``folder`` left by processes that no longer run:
+    a kill -9 during a write leaves one behind, with nobody to clean up but the next run. Returns what went."""
+    if not folder.is_dir():
+        return []
+    stale = [path for path in folder.iterdir()
+             if (found := _TEMPORARY.search(path.name)) and not _alive(int(found.group(1)))]
+    for path in stale:
+        _discard(path)
+    return stale
