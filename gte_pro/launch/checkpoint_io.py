@@ -19,7 +19,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 
-from gte_pro.utils.files import temporary_sibling
+from gte_pro.utils.files import fsync_folder, temporary_sibling
 
 log = logging.getLogger(__name__)
 
@@ -38,19 +38,6 @@ def is_intact(path: str | Path) -> str | None:
     except (zipfile.BadZipFile, OSError, EOFError) as error:
         return f"unreadable ({type(error).__name__}: {error})"
     return f"entry {bad} fails its CRC check" if bad else None
-
-
-def _fsync_folder(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)  # the renames themselves reach the disk
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _on_cpu(storage: Any, location: Any) -> Any:
@@ -80,7 +67,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        _fsync_folder(path.parent)
+        fsync_folder(path.parent)  # the renames themselves reach the disk
 
     def load_checkpoint(self, path: Any, map_location: Any = _on_cpu, weights_only: bool | None = None) -> Any:
         # our checkpoints hold tensors, numbers, strings and plain containers only: no pickled code runs on load

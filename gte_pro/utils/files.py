@@ -56,7 +56,7 @@ def fsync_tree(path: Path) -> None:
         for child in path.rglob("*"):
             if child.is_file() and not child.is_symlink():
                 fsync_tree(child)
-        _fsync_folder(path)
+        fsync_folder(path)
         return
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -65,7 +65,7 @@ def fsync_tree(path: Path) -> None:
         os.close(fd)
 
 
-def _fsync_folder(folder: Path) -> None:
+def fsync_folder(folder: Path) -> None:
     """Make renames in ``folder`` durable; some file systems refuse fsync on a folder, which loses nothing else."""
     try:
         fd = os.open(folder, os.O_RDONLY)
@@ -138,7 +138,7 @@ def write_atomic(target: str | Path, fill: Callable[[Path], Any], suffix: str = 
             # not an OS error (torch.save reports a full disk as a RuntimeError): same type, plus the path
             error.add_note(f"could not write {target} (the previous version, if any, is unchanged)")
         raise
-    _fsync_folder(target.parent)
+    fsync_folder(target.parent)
     return target
 
 
