@@ -63,6 +63,9 @@ class Throughput(Callback):
                  f"{float(loss):.4f}" if loss is not None else "-", rate, self._tokens_per_s or 0.0, eta)
 
 
+TIME_CHECK_EVERY = 10  # optimizer steps between two checks of every_n_minutes
+
+
 class LastCheckpoint(Checkpoint):
     """``<dirpath>/last.ckpt``, the checkpoint a killed run resumes from: every ``every_n_steps`` optimizer steps
     and/or every ``every_n_minutes`` minutes, after every validation during fit, and when training ends (so that a
@@ -70,7 +73,8 @@ class LastCheckpoint(Checkpoint):
 
     A save never lands between an optimizer step and the validation due right after it: Lightning restarts such a
     checkpoint as if that validation had run (it fast-forwards it), so the save waits for ``on_validation_end``.
-    Under DDP every rank takes the same decision (steps are the same everywhere; the time is rank 0's, broadcast).
+    Under DDP every rank takes the same decision (steps are the same everywhere; the time is rank 0's, broadcast
+    every ``TIME_CHECK_EVERY`` steps only, so a time-based save may come up to that many steps late).
     """
 
     def __init__(self, dirpath: str, every_n_steps: int | None = 100, every_n_minutes: float | None = 10.0) -> None:
@@ -92,8 +96,8 @@ class LastCheckpoint(Checkpoint):
         step = trainer.global_step
         if self.every_n_steps and step % self.every_n_steps == 0:
             return True
-        if self.every_n_seconds is None:
-            return False
+        if self.every_n_seconds is None or step % TIME_CHECK_EVERY:
+            return False  # the clock is agreed on every TIME_CHECK_EVERY steps: a broadcast per step would sync DDP
         late = time.monotonic() - self._last_saved >= self.every_n_seconds
         return bool(trainer.strategy.broadcast(late))
 

@@ -244,3 +244,17 @@ def test_a_run_killed_after_early_stopping_decided_stops_there_when_resumed(make
         train(make_cfg([*run, "+callbacks.crash._target_=tests.test_resume.CrashAtTrainEnd"], output_dir=stopped))
     train(make_cfg(run, output_dir=stopped))
     _assert_same_run(stopped, reference)
+
+
+def test_time_based_last_checkpoint_agrees_on_the_clock_only_every_few_steps():
+    """every_n_minutes needs the ranks to agree (one broadcast); asking at every step would sync DDP per step."""
+    from types import SimpleNamespace
+
+    from gte_pro.callbacks import TIME_CHECK_EVERY, LastCheckpoint
+
+    asked = []
+    strategy = SimpleNamespace(broadcast=lambda value: asked.append(value) or value)
+    callback = LastCheckpoint("unused", every_n_steps=None, every_n_minutes=1e-9)
+    due = [callback._due(SimpleNamespace(global_step=step, strategy=strategy)) for step in range(1, 31)]
+    assert len(asked) == 30 // TIME_CHECK_EVERY
+    assert [step for step, d in zip(range(1, 31), due, strict=True) if d] == [10, 20, 30]
