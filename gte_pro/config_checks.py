@@ -81,7 +81,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     # numpy's range: Lightning replaces any other seed by 0, with only a warning
     "seed": lambda v: integer(0)(v) or (None if v <= 2**32 - 1 else "expected an integer <= 4294967295"),
     "devices": _devices,
-    "mode": choice("train", "eval"),
+    "mode": choice("train", "eval", "mine"),
     "lr_find": FLAG,
     "lr_find_steps": integer(1),
     "matmul_precision": choice("highest", "high", "medium"),
@@ -107,9 +107,13 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "data.min_doc_chars": integer(0),
     "data.length_window": integer(1),
     "data.max_distractors": integer(0, optional=True),
+    "data.alpha": number(0),  # data=mix
+    "data.same_source_batches": FLAG,
     "data.group_by_length": FLAG,
     "data.pin_memory": FLAG,
     "data.persistent_workers": FLAG,
+    "data.remine.every_n_epochs": integer(0),
+    "data.remine.at_start": FLAG,
     "trainer.max_epochs": integer(-1, optional=True),
     "trainer.max_steps": integer(-1),
     "trainer.accumulate_grad_batches": integer(1),
@@ -121,6 +125,17 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "trainer.num_sanity_val_steps": integer(-1),
     "eval.batch_size": integer(1, optional=True),
     "eval.max_length": integer(1, optional=True),
+    # mining (mode=mine); the cross-key rules (range_min < range_max) are gte_pro.mining.core.option_problems'
+    "mine.num_negatives": integer(1),
+    "mine.range_min": integer(0),
+    "mine.range_max": integer(1),
+    "mine.sampling": choice("top", "random"),
+    "mine.relative_margin": number(0, optional=True),
+    "mine.absolute_margin": number(0, optional=True),
+    "mine.max_score": number(optional=True),
+    "mine.batch_size": integer(1),
+    "mine.max_length": integer(1),
+    "mine.max_scores_per_chunk": integer(1),
 }
 
 # keys of a node that are not arguments of its target (build_encoder hands model.lr to the optimizer)
@@ -192,11 +207,30 @@ def _absent_groups(cfg: DictConfig) -> list[str]:
             for group in REQUIRED_GROUPS if not isinstance(cfg.get(group), DictConfig)]
 
 
+def _source_rules(cfg: DictConfig) -> dict[str, Callable[[Any], str | None]]:
+    """data=mix: a source's own key data.sources.<name>.<key> follows the rule of data.<key>."""
+    sources = OmegaConf.select(cfg, "data.sources", default=None, throw_on_missing=False)
+    if not isinstance(sources, DictConfig):
+        return {}
+    return {f"data.sources.{name}.{key.removeprefix('data.')}": rule for name in sources
+            for key, rule in RULES.items() if key.startswith("data.")}
+
+
+def _mix_problems(cfg: DictConfig) -> list[str]:
+    """Re-mining reads one token cache; a mix has one per source."""
+    remine = OmegaConf.select(cfg, "data.remine", default=None)
+    if OmegaConf.select(cfg, "data._target_", default=None) == "gte_pro.data.mix.MixDataModule" and isinstance(
+            remine, DictConfig) and (remine.get("every_n_epochs") or remine.get("at_start")):
+        return ["data.remine: not supported with data=mix; set data.remine.every_n_epochs=0 "
+                "data.remine.at_start=false"]
+    return []
+
+
 def config_problems(cfg: DictConfig) -> list[str]:
     """Every problem of ``cfg`` as one line naming the key, its value and what is valid; [] for a good config."""
     unusable = _unset_or_unresolvable(cfg)
-    problems = _absent_groups(cfg) + list(unusable.values())
-    for key, rule in RULES.items():
+    problems = _absent_groups(cfg) + list(unusable.values()) + _mix_problems(cfg)
+    for key, rule in {**RULES, **_source_rules(cfg)}.items():
         if key in unusable:
             continue
         value = OmegaConf.select(cfg, key, default=_ABSENT)

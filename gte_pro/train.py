@@ -13,12 +13,14 @@ from gte_pro.config_checks import check_config
 from gte_pro.evaluation.run import evaluate
 from gte_pro.fit import fit
 from gte_pro.launch.environment import job_scope
+from gte_pro.mining.run import mine
 
-MODES = {"train": fit, "eval": evaluate}
+MODES = {"train": fit, "eval": evaluate, "mine": mine}
 
 
 def train(cfg: DictConfig) -> float | None:
-    """Run ``cfg.mode`` (train: fit + export; eval: evaluate only); return ``cfg.optimized_metric``."""
+    """Run ``cfg.mode`` (train: fit + export; eval: evaluate only; mine: hard negatives); return
+    ``cfg.optimized_metric`` (None for mine)."""
     mode = cfg.get("mode", "train")
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is not valid; valid choices: {', '.join(MODES)}")

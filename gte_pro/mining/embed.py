@@ -1,0 +1,131 @@
+"""Texts -> embeddings for mining, the work shared over the ranks of a distributed run.
+
+All texts are sorted by token count (longest first; then by characters, then input order) and cut into batches; rank r
+embeds batches r, r + W, r + 2W, ... So every text is embedded in the same batch, with the same padding, however
+many processes share the work: its embedding is bit for bit what one process computes (a different batch would
+change the float rounding), which is what lets ``strategy=ddp`` mine exactly what one process mines. Sorting cuts
+the padding as in evaluation (``gte_pro.data.datasets.EvalTexts``).
+
+Nothing here knows about Lightning: a training run passes its precision context as ``autocast``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+
+import torch
+
+from gte_pro.data.collate import EvalCollator
+from gte_pro.data.datasets import token_lengths
+from gte_pro.evaluation.metrics import all_gather_rows
+from gte_pro.mining.core import MinedNegatives, MiningOptions, mine_negatives
+from gte_pro.model import Encoder
+
+log = logging.getLogger(__name__)
+
+PROGRESS_EVERY_S = 10.0
+
+
+def shard_batches(lengths: Sequence[int], texts: Sequence[str], batch_size: int, rank: int,
+                  world_size: int) -> list[list[int]]:
+    """This rank's batches (text indices): all texts longest first, cut into batches, dealt round-robin."""
+    order = sorted(range(len(texts)), key=lambda i: (lengths[i], len(texts[i])), reverse=True)  # stable
+    batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    return batches[rank::world_size]
+
+
+class _Progress:
+    """An INFO line every PROGRESS_EVERY_S seconds on rank 0: texts done of this rank's share, rate, ETA."""
+
+    def __init__(self, total: int, rank: int, world_size: int, what: str) -> None:
+        self.total, self.what, self.quiet = total, what, rank != 0
+        self.world_size = world_size
+        self.start = self.last = time.perf_counter()
+
+    def update(self, done: int) -> None:
+        now = time.perf_counter()
+        if self.quiet or now - self.last < PROGRESS_EVERY_S:
+            return
+        self.last = now
+        rate = done / max(now - self.start, 1e-9)
+        share = f" (rank 0's share of {self.world_size} ranks)" if self.world_size > 1 else ""
+        log.info("embedding %s: %d / %d texts%s, %.0f texts/s, ETA %.0f s", self.what, done, self.total, share,
+                 rate, (self.total - done) / max(rate, 1e-9))
+
+    def finish(self) -> None:
+        if not self.quiet:
+            seconds = time.perf_counter() - self.start
+            log.info("embedded %d %s in %.1f s (%.0f texts/s%s)", self.total, self.what, seconds,
+                     self.total / max(seconds, 1e-9), " on rank 0" if self.world_size > 1 else "")
+
+
+def embed_texts(encoder: Encoder, texts: Sequence[str], batch_size: int, max_length: int, rank: int = 0,
+                world_size: int = 1, autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext,
+                what: str = "texts") -> tuple[torch.Tensor, torch.Tensor]:
+    """(embeddings (n_local, d) float32 on the encoder's device, global indices (n_local,) into ``texts``) of this
+    rank's share. ``encoder``: a ``gte_pro.model.Encoder`` (its tokenizer and forward; prefixes are the caller's to
+    add). Inference mode, eval mode during the call (the previous mode is restored), each batch under
+    ``autocast()``, truncation at ``max_length``."""
+    if batch_size < 1:
+        raise ValueError(f"embed_texts: batch_size={batch_size} must be at least 1")
+    collate = EvalCollator(encoder.tokenizer, max_length)
+    batches = shard_batches(token_lengths(encoder.tokenizer, texts, max_length), texts, batch_size, rank, world_size)
+    device = next(encoder.parameters()).device
+    progress = _Progress(sum(map(len, batches)), rank, world_size, what)
+    parts, done, was_training = [], 0, encoder.training
+    encoder.eval()
+    try:
+        with torch.inference_mode():
+            for batch in batches:
+                features = collate([(i, texts[i]) for i in batch])["features"]
+                with autocast():
+                    embeddings = encoder(**{k: v.to(device) for k, v in features.items()})
+                parts.append(embeddings.float())
+                done += len(batch)
+                progress.update(done)
+    finally:
+        encoder.train(was_training)
+    progress.finish()
+    index = torch.tensor([i for batch in batches for i in batch], dtype=torch.long, device=device)
+    if not parts:  # a rank with no batch (fewer batches than ranks) still returns the right shape
+        return torch.empty(0, encoder.dim, device=device), index
+    return torch.cat(parts), index
+
+
+def gather_embeddings(embeddings: torch.Tensor, index: torch.Tensor, total: int) -> torch.Tensor:
+    """Every rank's (embeddings, global indices) -> the (total, d) matrix in text order, on every rank (collective;
+    for the queries, which every rank needs whole). Raises if some text was embedded by no rank."""
+    rows, _ = all_gather_rows(embeddings)
+    ids, _ = all_gather_rows(index)
+    out = embeddings.new_zeros((total, embeddings.shape[-1]))
+    seen = torch.zeros(total, dtype=torch.bool, device=embeddings.device)
+    out[ids], seen[ids] = rows, True
+    if not bool(seen.all()):
+        raise RuntimeError(f"embedded {int(seen.sum())} of {total} texts: a rank's share is missing")
+    return out
+
+
+def mine_texts(encoder: Encoder, queries: Sequence[str], corpus: Sequence[str], positives: Sequence[Sequence[int]],
+               options: MiningOptions, batch_size: int, max_length: int, rank: int = 0, world_size: int = 1,
+               autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext,
+               timings: dict[str, float] | None = None) -> MinedNegatives:
+    """Embed the queries (with the encoder's query prefix; gathered to every rank) and the corpus (doc prefix; kept
+    sharded), then ``mine_negatives``. Collective under torch.distributed; every rank gets the same result.
+    ``timings``, if given, receives the seconds of each phase."""
+    timings = {} if timings is None else timings
+    start = time.perf_counter()
+    prefix = getattr(encoder, "query_prefix", "")
+    local, index = embed_texts(encoder, [prefix + q for q in queries], batch_size, max_length, rank, world_size,
+                               autocast, "queries")
+    query_emb = gather_embeddings(local, index, len(queries))
+    prefix = getattr(encoder, "doc_prefix", "")
+    corpus_emb, corpus_index = embed_texts(encoder, [prefix + d for d in corpus], batch_size, max_length, rank,
+                                           world_size, autocast, "corpus")
+    timings["embed_s"] = time.perf_counter() - start
+    mined = mine_negatives(query_emb, corpus_emb, corpus_index, len(corpus), positives, options)
+    timings["search_s"] = time.perf_counter() - start - timings["embed_s"]
+    return mined

@@ -1,0 +1,135 @@
+"""What ``mode=mine`` writes (rank 0, each file atomically): the mined training file, ``mine_report.json`` +
+``mine_report.md`` and ``mine_scores.png`` (positive vs mined-negative scores)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gte_pro.mining.core import MinedNegatives
+from gte_pro.mining.problem import MiningProblem
+from gte_pro.utils.files import write_atomic, write_json_atomic, write_text_atomic
+from gte_pro.utils.tables import markdown_table
+
+
+def mined_rows(problem: MiningProblem, mined: MinedNegatives) -> list[dict[str, Any]]:
+    """One row per training row in the project's layout, its own negatives replaced by the mined ones; then the
+    hash-split validation rows as they were (see ``MiningProblem.held_out``)."""
+    negatives = [[problem.corpus[i] for i in row if i >= 0] for row in mined.indices.tolist()]
+    rows = [{"query": problem.queries[query], "positive": [problem.corpus[i] for i in positives],
+             "negatives": negatives[query]} for query, positives in problem.rows]
+    return rows + [{"query": ex.query, "positive": ex.positives, "negatives": ex.negatives} for ex in problem.held_out]
+
+
+def write_mined(path: Path, rows: list[dict[str, Any]]) -> Path:
+    def fill(tmp: Path) -> None:
+        with tmp.open("w", encoding="utf-8") as handle:
+            for row in rows:
+                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+    return write_atomic(path, fill)
+
+
+def _quantiles(values: torch.Tensor) -> dict[str, float | None]:
+    values = values[~torch.isnan(values)].float()
+    if values.numel() == 0:
+        return {"count": 0, "mean": None, "min": None, "median": None, "max": None}
+    return {"count": int(values.numel()), "mean": round(float(values.mean()), 4), "min": round(float(values.min()), 4),
+            "median": round(float(values.median()), 4), "max": round(float(values.max()), 4)}
+
+
+def mine_summary(problem: MiningProblem, mined: MinedNegatives, rows: list[dict[str, Any]],
+                 details: dict[str, Any]) -> dict[str, Any]:
+    """The numbers of the report: rows, negatives per row, short rows, dropped candidates, scores, timing."""
+    counts = [len(row["negatives"]) for row in rows[: len(problem.rows)]]
+    wanted = int(mined.indices.shape[1])
+    candidates = len(problem.queries) * (details["options"]["range_max"] - details["options"]["range_min"])
+    return {
+        "mode": "mine",
+        "rows": len(problem.rows),
+        "held_out_rows_copied": len(problem.held_out),
+        "queries": len(problem.queries),
+        "corpus_size": len(problem.corpus),
+        "corpus": dict(problem.counts),
+        "num_negatives": wanted,
+        "negatives_per_row": {"mean": round(sum(counts) / max(len(counts), 1), 3), "min": min(counts, default=0)},
+        "rows_short_of_num_negatives": sum(n < wanted for n in counts),
+        "dropped_false_negatives": mined.dropped_false_negatives,
+        "dropped_share_of_window": round(mined.dropped_false_negatives / max(candidates, 1), 4),
+        "positive_scores": _quantiles(mined.positive_scores),
+        "negative_scores": _quantiles(mined.scores.flatten()),
+        **details,
+    }
+
+
+def summary_markdown(summary: dict[str, Any], files: dict[str, Path]) -> str:
+    per_row = summary["negatives_per_row"]
+    lines = [["rows (queries)", f"{summary['rows']} ({summary['queries']})"],
+             ["validation rows copied unchanged", f"{summary['held_out_rows_copied']}"],
+             ["corpus size", f"{summary['corpus_size']}"],
+             ["negatives per row: mean / min", f"{per_row['mean']} / {per_row['min']} (of {summary['num_negatives']})"],
+             ["rows short of num_negatives", f"{summary['rows_short_of_num_negatives']}"],
+             ["candidates dropped as likely false negatives", f"{summary['dropped_false_negatives']} "
+              f"({100 * summary['dropped_share_of_window']:.1f}% of the window)"],
+             ["positive / negative score (median)", f"{summary['positive_scores']['median']} / "
+              f"{summary['negative_scores']['median']}"],
+             ["seconds (texts/s)", f"{summary['seconds']} ({summary['texts_per_s']})"]]
+    where = "\n".join(f"- {name}: `{path}`" for name, path in files.items())
+    where += f"\n\ntrain on it: `{train_command(files['mined'], summary)}`"
+    return (f"# Hard-negative mining\n\nmodel `{summary['model']}`, {summary['world_size']} process(es), options "
+            f"`{json.dumps(summary['options'])}`\n\n" + markdown_table(["", "value"], lines) + f"\n{where}\n")
+
+
+def plot_scores(path: Path, mined: MinedNegatives) -> Path:
+    """Histogram of the queries' positive scores and the mined negatives' scores (matplotlib, headless)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    positive = mined.positive_scores[~torch.isnan(mined.positive_scores)].cpu().numpy()
+    negative = mined.scores[~torch.isnan(mined.scores)].cpu().numpy()
+    figure, axes = plt.subplots(figsize=(7, 4))
+    values = [v for v in (positive, negative) if len(v)]
+    low = min((float(v.min()) for v in values), default=-1.0)
+    bins = [low + (1.0 - low) * i / 50 for i in range(51)] if low < 1.0 else 50
+    for scores, label in ((negative, "mined negatives"), (positive, "positives")):
+        if len(scores):  # an empty histogram with density=True divides by zero
+            axes.hist(scores, bins=bins, alpha=0.6, density=True, label=f"{label} ({len(scores)})")
+    axes.set_xlabel("cosine score to the query")
+    axes.set_ylabel("density")
+    if values:
+        axes.legend()
+    figure.tight_layout()
+    try:
+        return write_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=100))
+    finally:
+        plt.close(figure)
+
+
+def train_command(output: Path, summary: dict[str, Any]) -> str:
+    """The command that trains on the mined file; with copied validation rows, the split that holds them out."""
+    command = f"python train.py data=jsonl data.train_file={output} data.num_negatives={summary['num_negatives']}"
+    if summary["held_out_rows_copied"]:
+        command += f" data.val_fraction={summary['val_fraction']}"
+    return command
+
+
+def write_mine_outputs(output: Path, run_dir: Path, problem: MiningProblem, mined: MinedNegatives,
+                       details: dict[str, Any]) -> dict[str, Any]:
+    """Write the mined file, the report (json + md) and the plot; print where they are; return the summary."""
+    rows = mined_rows(problem, mined)
+    write_mined(output, rows)
+    summary = mine_summary(problem, mined, rows, details)
+    files = {"mined": output, "report": run_dir / "mine_report.json", "table": run_dir / "mine_report.md",
+             "plot": run_dir / "mine_scores.png"}
+    summary["files"] = {name: str(path) for name, path in files.items()}
+    write_json_atomic(files["report"], summary)
+    write_text_atomic(files["table"], summary_markdown(summary, files))
+    plot_scores(files["plot"], mined)
+    print("\n".join(f"{name + ':':8} {path}" for name, path in files.items()))
+    print(f"train on it: {train_command(output, summary)}")
+    return summary

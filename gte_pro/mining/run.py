@@ -1,0 +1,116 @@
+"""``mode=mine``: mine hard negatives for the training rows of any data source with any encoder.
+
+    python train.py mode=mine data=jsonl data.train_file=train.jsonl model=encoder model.name_or_path=<run>/model
+    python train.py data=jsonl data.train_file=<run dir>/mined.jsonl data.num_negatives=15   # then train on it
+
+The queries are the training rows' queries; the corpus is every row's positives plus ``mine.corpus_files``. Each
+row's own negatives are replaced by the mined ones (see conf/mine/default.yaml for the options). Validation rows
+that the data module split off the training rows (``data.val_fraction``) are written back unchanged, so that
+training on the output holds out the same queries with the same validation corpus; with a separate validation file
+or split, pass it again (``data.val_file=...``). Like evaluation,
+the run goes through the project's trainer, so ``strategy=ddp devices=N`` starts N processes: each embeds 1/N of
+the texts, the corpus stays sharded, and the output is the same file one process writes (``gte_pro.mining.core``).
+
+Writes (rank 0) ``mine.output`` (default ``<run dir>/mined.jsonl``), ``mine_report.json``, ``mine_report.md`` and
+``mine_scores.png`` in the run folder.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import LightningDataModule, LightningModule
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader
+
+from gte_pro.builders import build_datamodule, build_encoder, build_trainer, seed_and_precision
+from gte_pro.mining.core import MinedNegatives, MiningOptions, mining_options
+from gte_pro.mining.embed import mine_texts
+from gte_pro.mining.problem import MiningProblem, build_problem, corpus_files_setting, hash_held_out_rows
+from gte_pro.mining.report import write_mine_outputs
+from gte_pro.model import Encoder
+
+log = logging.getLogger(__name__)
+
+
+class MiningData(LightningDataModule):
+    """The configured data module's training rows plus the corpus files, as a MiningProblem on every rank.
+
+    Lightning calls ``prepare_data`` on local rank 0 only (the data module's token cache is built once, as in
+    training) and ``setup`` on every rank after it. The one placeholder validation batch per rank only makes
+    Lightning run the module's validation hooks, where the mining happens."""
+
+    def __init__(self, source: Any, corpus_files: list[str], min_doc_chars: int) -> None:
+        super().__init__()
+        self.source = source
+        self.corpus_files = corpus_files
+        self.min_doc_chars = min_doc_chars
+        self.problem: MiningProblem | None = None
+
+    def prepare_data(self) -> None:
+        self.source.prepare_data()
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.problem is None:
+            self.source.setup(stage)
+            self.problem = build_problem(self.source.train_rows, self.corpus_files, self.min_doc_chars,
+                                         hash_held_out_rows(self.source))
+            log.info("mining: %d rows, %d distinct queries, a corpus of %d documents", len(self.problem.rows),
+                     len(self.problem.queries), len(self.problem.corpus))
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader([0], batch_size=1)
+
+
+class MiningModule(LightningModule):
+    """Runs ``mine_texts`` on every rank once the process group exists and the encoder is on its device."""
+
+    def __init__(self, encoder: Encoder, options: MiningOptions, batch_size: int, max_length: int) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.options = options
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self.mined: MinedNegatives | None = None
+        self.timings: dict[str, float] = {}
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        return None
+
+    def on_validation_epoch_end(self) -> None:
+        problem = self.trainer.datamodule.problem
+        # the trainer's precision for the encoder; the scores themselves are float32 (mine_negatives)
+        self.mined = mine_texts(self.encoder, problem.queries, problem.corpus, problem.positives, self.options,
+                                self.batch_size, self.max_length, self.global_rank, self.trainer.world_size,
+                                self.trainer.precision_plugin.forward_context, self.timings)
+
+
+def mine(cfg: DictConfig) -> None:
+    """Mine as ``cfg.mine`` says; rank 0 writes the mined file, the report and the plot."""
+    seed_and_precision(cfg)
+    output_dir = Path(cfg.paths.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    options = mining_options(cfg.mine, cfg.seed)
+    corpus_files = corpus_files_setting(OmegaConf.to_container(cfg.mine, resolve=True).get("corpus_files"))
+    output = Path(cfg.mine.output).expanduser() if cfg.mine.get("output") else output_dir / "mined.jsonl"
+    encoder = build_encoder(cfg)
+    source = build_datamodule(cfg, encoder.tokenizer, encoder.query_prefix, encoder.doc_prefix)
+    data = MiningData(source, corpus_files, int(getattr(source, "min_doc_chars", 0) or 0))
+    module = MiningModule(encoder, options, int(cfg.mine.batch_size), int(cfg.mine.max_length))
+    trainer = build_trainer(cfg, callbacks=[], loggers=[])  # nothing is trained: no checkpoints, no loggers
+    start = time.perf_counter()
+    trainer.validate(module, datamodule=data, verbose=False)
+    seconds = time.perf_counter() - start
+    if trainer.is_global_zero:
+        assert data.problem is not None and module.mined is not None
+        texts = len(data.problem.queries) + len(data.problem.corpus)
+        details = {"model": encoder.name_or_path, "world_size": trainer.world_size,
+                   "precision": str(cfg.trainer.precision), "options": vars(options),
+                   "corpus_files": corpus_files, "batch_size": module.batch_size, "max_length": module.max_length,
+                   "val_fraction": getattr(source, "val_fraction", None),
+                   "seconds": round(seconds, 3), "texts_per_s": round(texts / max(seconds, 1e-9), 1),
+                   **{name: round(value, 3) for name, value in module.timings.items()}}
+        write_mine_outputs(output, output_dir, data.problem, module.mined, details)

@@ -1,0 +1,310 @@
+"""Hard-negative mining (gte_pro.mining): the selection against a brute-force reference, chunking, sharding over 2
+gloo processes, ``mode=mine`` end to end (1 process and ``strategy=ddp devices=2``), and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from gte_pro import packaged_minilm_path
+from gte_pro.data.records import DataError, Example
+from gte_pro.mining.core import MiningOptions, mine_negatives, mining_options, unit_rows
+from gte_pro.mining.embed import mine_texts
+from gte_pro.mining.problem import build_problem
+from tests.conftest import REPO, free_port, write_jsonl
+
+# the 2-process test's workers import this module: Lightning and Hydra (gte_pro.train) are imported where used
+
+NUM_QUERIES, NUM_CORPUS, DIM = 30, 240, 12
+TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+
+
+def _problem(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
+    """Documents in 12 tight clusters (many candidates score near the positive, so margins bite), queries near one
+    of their two positives, and exact duplicate documents on both sides of any split (ties broken by id)."""
+    gen = torch.Generator().manual_seed(seed)
+    centers = torch.randn(12, DIM, generator=gen)
+    corpus = centers[torch.arange(NUM_CORPUS) % 12] + 0.35 * torch.randn(NUM_CORPUS, DIM, generator=gen)
+    corpus[200], corpus[201], corpus[7] = corpus[5], corpus[5], corpus[5]
+    positives = [[(8 * i) % NUM_CORPUS, (8 * i + 13) % NUM_CORPUS] for i in range(NUM_QUERIES)]
+    queries = corpus[[p[0] for p in positives]] + 0.3 * torch.randn(NUM_QUERIES, DIM, generator=gen)
+    queries[3] = corpus[5]  # ties at the top: 5, 7, 200, 201 score the same
+    positives[4] = []  # a query without positives: no margin applies
+    return queries, corpus, positives
+
+
+def _brute_force(queries: torch.Tensor, corpus: torch.Tensor, positives: list[list[int]],
+                 options: MiningOptions) -> tuple[list[list[int]], list[list[int]]]:
+    """(chosen ids, all window survivors) per query from the full score matrix, sorted by (score desc, id asc)."""
+    scores = (unit_rows(queries)[:, None, :] * unit_rows(corpus)[None, :, :]).sum(-1)  # one sum per pair
+    chosen, survivors = [], []
+    for q, row in enumerate(scores):
+        ranked = sorted(range(len(row)), key=lambda j: (-float(row[j]), j))
+        window = [j for j in ranked if j not in positives[q]][options.range_min : options.range_max]
+        pos = row[positives[q]].min() if positives[q] else torch.tensor(math.nan)
+        limits = [pos - pos.abs() * options.relative_margin] if options.relative_margin is not None else []
+        limits += [pos - options.absolute_margin] if options.absolute_margin is not None else []
+        limits += [torch.tensor(options.max_score)] if options.max_score is not None else []
+        kept = [j for j in window if not any(row[j] > limit for limit in limits)]
+        survivors.append(kept)
+        chosen.append(kept[: options.num_negatives])
+    return chosen, survivors
+
+
+def _mine(queries, corpus, positives, options):
+    return mine_negatives(queries, corpus, torch.arange(len(corpus)), len(corpus), positives, options)
+
+
+def _ids(mined) -> list[list[int]]:
+    return [[i for i in row if i >= 0] for row in mined.indices.tolist()]
+
+
+@pytest.mark.parametrize("margins", [
+    {"relative_margin": 0.05}, {"relative_margin": None, "absolute_margin": 0.02},
+    {"relative_margin": None, "max_score": 0.5}, {"relative_margin": None}],
+    ids=["relative", "absolute", "max", "none"])
+def test_top_sampling_equals_the_brute_force_window_and_margins(margins):
+    queries, corpus, positives = _problem()
+    options = MiningOptions(num_negatives=6, range_min=3, range_max=40, **margins)
+    mined = _mine(queries, corpus, positives, options)
+    chosen, survivors = _brute_force(queries, corpus, positives, options)
+    assert _ids(mined) == chosen
+    if margins.get("relative_margin") or margins.get("absolute_margin") or margins.get("max_score"):
+        # the margin removed candidates (and left some rows short): the comparison above is not vacuous
+        assert mined.dropped_false_negatives == sum(37 - len(s) for s in survivors) > 0
+        assert mined.short_rows == sum(len(s) < 6 for s in survivors) > 0
+    else:
+        assert mined.dropped_false_negatives == 0 and mined.short_rows == 0
+    padded = mined.indices < 0
+    assert torch.isnan(mined.scores[padded]).all() and not torch.isnan(mined.scores[~padded]).any()
+    assert torch.all(mined.scores[:, :-1].nan_to_num(-9) >= mined.scores[:, 1:].nan_to_num(-9))  # best first
+    assert math.isnan(mined.positive_scores[4]) and not torch.isnan(mined.positive_scores[:4]).any()
+
+
+def test_positives_and_their_duplicates_are_never_returned(tmp_path: Path):
+    # a corpus file repeats a positive (other whitespace: the same text once cleaned) and a query repeats over rows
+    rows = [Example(f"question number {i}", [f"answer text number {i}"]) for i in range(20)]
+    rows.append(Example("question number 0", ["another answer to question 0"]))
+    corpus_file = write_jsonl(tmp_path / "corpus.jsonl", [{"text": "  answer   text number 3 "},
+                                                          {"title": "Extra", "text": "an extra document"}])
+    problem = build_problem(rows, [corpus_file])
+    assert len(problem.corpus) == 22 and problem.corpus[-1] == "Extra an extra document"
+    assert problem.counts["corpus-file texts already in the corpus"] == 1
+    assert len(problem.queries) == 20 and problem.positives[0] == [0, 20]
+    # each query embedded as its first positive: positives rank first and must still never come back
+    gen = torch.Generator().manual_seed(1)
+    corpus = torch.randn(len(problem.corpus), 8, generator=gen)
+    queries = corpus[[p[0] for p in problem.positives]].clone()
+    queries[0] = corpus[20] + corpus[0]
+    mined = _mine(queries, corpus, problem.positives, MiningOptions(num_negatives=5, range_min=0, range_max=10,
+                                                                    relative_margin=None))
+    for q, row in enumerate(_ids(mined)):
+        assert len(row) == 5 and not set(row) & set(problem.positives[q])
+
+
+@pytest.mark.parametrize("sampling", ["top", "random"])
+def test_chunked_search_equals_one_block(sampling):
+    queries, corpus, positives = _problem()
+    options = MiningOptions(num_negatives=5, range_min=2, range_max=30, sampling=sampling)
+    whole = _mine(queries, corpus, positives, replace(options, max_scores_per_chunk=1 << 30))
+    chunked = _mine(queries, corpus, positives, replace(options, max_scores_per_chunk=50))  # < 1 query x corpus
+    assert torch.equal(whole.indices, chunked.indices)
+    assert torch.equal(whole.scores.nan_to_num(), chunked.scores.nan_to_num())
+    assert whole.dropped_false_negatives == chunked.dropped_false_negatives
+    _, survivors = _brute_force(queries, corpus, positives, options)
+    for row, allowed in zip(_ids(whole), survivors, strict=True):
+        assert set(row) <= set(allowed) and len(row) == min(5, len(allowed))
+    if sampling == "random":  # a real draw: not the top ones, and another seed draws others
+        assert _ids(whole) != _brute_force(queries, corpus, positives, options)[0]
+        assert not torch.equal(_mine(queries, corpus, positives, replace(options, seed=1)).indices, whole.indices)
+
+
+def _texts() -> tuple[list[str], list[str], list[list[int]]]:
+    queries = [f"question {i} about subject {i * 7}" + " more" * (i % 5) for i in range(14)]
+    corpus = [f"passage {j} on subject {j * 3}, " + "with some words " * (j % 6) for j in range(45)]
+    return queries, corpus, [[i, i + 20] for i in range(14)]
+
+
+def _tiny_encoder():
+    from gte_pro.model import Encoder
+
+    torch.manual_seed(0)  # identical weights in every process
+    return Encoder(packaged_minilm_path(), random_init_config=TINY, max_length=32)
+
+
+SHARDED = {"top": MiningOptions(5, 2, 30), "random": MiningOptions(5, 2, 30, sampling="random"),
+           "ties": MiningOptions(5, 0, 30, relative_margin=None)}
+
+
+def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        queries, corpus, positives = _problem()
+        # uneven, interleaved shards: rank 0 holds every third document
+        index = torch.tensor([j for j in range(NUM_CORPUS) if (j % 3 == 0) == (rank == 0)])
+        results = {name: mine_negatives(queries, corpus[index], index, NUM_CORPUS, positives, options)
+                   for name, options in SHARDED.items()}
+        texts = _texts()
+        results["texts"] = mine_texts(_tiny_encoder(), *texts, MiningOptions(5, 0, 20, relative_margin=None),
+                                      batch_size=4, max_length=32, rank=rank, world_size=world)
+        torch.save({name: vars(r) for name, r in results.items()}, Path(out_dir) / f"{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_gloo_processes_mine_exactly_what_one_does(tmp_path: Path):
+    mp.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    queries, corpus, positives = _problem()
+    expected = {name: vars(_mine(queries, corpus, positives, options)) for name, options in SHARDED.items()}
+    expected["texts"] = vars(mine_texts(_tiny_encoder(), *_texts(), MiningOptions(5, 0, 20, relative_margin=None),
+                                        batch_size=4, max_length=32))
+    # query 3 is document 5, whose copies 7, 200 and 201 tie with it (on both ranks): lower ids first
+    assert expected["ties"]["indices"][3, :4].tolist() == [5, 7, 200, 201]
+    for rank in range(2):
+        got = torch.load(tmp_path / f"{rank}.pt", weights_only=False)
+        for name, want in expected.items():
+            for key, value in want.items():
+                if isinstance(value, torch.Tensor):
+                    assert torch.equal(got[name][key].nan_to_num(), value.nan_to_num()), (rank, name, key)
+                else:
+                    assert got[name][key] == value, (rank, name, key)
+    assert expected["texts"]["indices"].min() >= 0  # every query got its 5 negatives: a non-trivial comparison
+
+
+def _mine_overrides(pairs_file: Path, corpus_file: Path) -> list[str]:
+    return ["mode=mine", "model=tiny", "data=jsonl", f"data.train_file={pairs_file}", "data.eval_batch_size=8",
+            f"mine.corpus_files=[{corpus_file}]", "mine.num_negatives=4", "mine.range_min=1", "mine.range_max=30",
+            "mine.relative_margin=null"]
+
+
+@pytest.fixture
+def corpus_file(tmp_path: Path) -> Path:
+    return write_jsonl(tmp_path / "corpus.jsonl", [{"_id": str(i), "title": f"Note {i}",
+                                                    "text": f"Extra document {i} about subject {i % 9}."}
+                                                   for i in range(40)])
+
+
+def test_mode_mine_writes_a_file_that_trains_and_a_report(make_cfg, pairs_file: Path, corpus_file: Path,
+                                                          tmp_path: Path, tokenizer, capsys):
+    from gte_pro.data.jsonl import JsonlDataModule
+    from gte_pro.train import train
+
+    run = tmp_path / "mine"
+    assert train(make_cfg(_mine_overrides(pairs_file, corpus_file), output_dir=run)) is None
+    lines = [json.loads(line) for line in (run / "mined.jsonl").read_text().splitlines()]
+    report = json.loads((run / "mine_report.json").read_text())
+    rows, held_out = lines[: report["rows"]], lines[report["rows"] :]
+    assert report["rows"] > 40 and report["corpus_size"] == report["rows"] + 40
+    # the rows data.val_fraction held out come back unchanged, so that training on the file holds them out again
+    assert len(held_out) == report["held_out_rows_copied"] > 0 and all(r["negatives"][0].startswith("Unrelated")
+                                                                        for r in held_out)
+    assert report["negatives_per_row"] == {"mean": 4.0, "min": 4} and report["rows_short_of_num_negatives"] == 0
+    for row in rows:  # the rows' own negatives ("Unrelated passage ...") are replaced by mined ones
+        assert len(row["negatives"]) == 4 and not set(row["negatives"]) & set(row["positive"])
+        assert not any(n.startswith("Unrelated") for n in row["negatives"])
+    assert (run / "mine_scores.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "rows short of num_negatives | 0" in (run / "mine_report.md").read_text()
+    out = capsys.readouterr().out
+    assert f"mined:   {run / 'mined.jsonl'}" in out
+    assert f"data.train_file={run / 'mined.jsonl'} data.num_negatives=4 data.val_fraction=0.05" in out
+    data = JsonlDataModule(train_file=str(run / "mined.jsonl"), tokenizer=tokenizer, num_negatives=4,
+                           cache_dir=str(tmp_path / "cache"))
+    data.prepare_data()
+    data.setup()
+    assert [(ex.query, ex.negatives) for ex in data.train_rows] == [(r["query"], r["negatives"]) for r in rows]
+    assert data.retrieval.queries == [r["query"] for r in held_out]
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_write_the_one_process_file(make_cfg, pairs_file: Path, corpus_file: Path, tmp_path: Path,
+                                                      cache_dir: Path):
+    from gte_pro.train import train
+
+    overrides = _mine_overrides(pairs_file, corpus_file)
+    train(make_cfg(overrides, output_dir=tmp_path / "one"))
+    cmd = [sys.executable, "train.py", *overrides, "strategy=ddp", "devices=2", f"hydra.run.dir={tmp_path / 'two'}",
+           f"paths.cache_dir={cache_dir}"]
+    proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert json.loads((tmp_path / "two" / "mine_report.json").read_text())["world_size"] == 2
+    assert (tmp_path / "two" / "mined.jsonl").read_bytes() == (tmp_path / "one" / "mined.jsonl").read_bytes()
+
+
+def test_only_validation_rows_split_off_by_the_hash_are_copied():
+    from types import SimpleNamespace
+
+    from gte_pro.data.split import is_held_out
+    from gte_pro.mining.problem import hash_held_out_rows
+
+    queries = [f"query {i}" for i in range(400)]
+    split = [Example(q, ["a positive text"]) for q in queries if is_held_out(q, 0.1)]
+    other = [Example(q, ["a positive text"]) for q in queries[:30]]  # a separate validation file's rows
+
+    def source(val, **extra):
+        cache = SimpleNamespace(validation=lambda: (val, []))
+        return SimpleNamespace(token_cache=cache, val_fraction=0.1, **extra)
+
+    assert len(split) > 10 and hash_held_out_rows(source(split)) == split
+    assert hash_held_out_rows(source(other)) == []  # copied, most would become training rows
+    assert hash_held_out_rows(source(split, val_file="dev.jsonl")) == []
+
+
+# --- bad input -----------------------------------------------------------------------------------------------------
+def test_bad_corpus_files_name_the_file_line_and_field(tmp_path: Path):
+    rows = [Example("a question", ["an answer to it"])]
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(DataError, match=f"{empty}: no JSON lines"):
+        build_problem(rows, [empty])
+    no_text = write_jsonl(tmp_path / "no_text.jsonl", [{"text": "fine document"}, {"_id": "7", "title": "t"}])
+    with pytest.raises(DataError, match=f"{no_text}, line 2: field 'text' is missing"):
+        build_problem(rows, [no_text])
+    bad_title = write_jsonl(tmp_path / "bad_title.jsonl", [{"text": "fine", "title": 3}])
+    with pytest.raises(DataError, match=f"{bad_title}, line 1: field 'title' must be a string, got int"):
+        build_problem(rows, [bad_title])
+    with pytest.raises(DataError, match="no training rows"):
+        build_problem([], [])
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"range_min": 5, "range_max": 5}, "mine.range_min=5: must be smaller than mine.range_max=5"),
+    ({"sampling": "best"}, "mine.sampling='best': valid choices: top, random"),
+    ({"relative_margin": -0.1}, "mine.relative_margin=-0.1: expected a number >= 0 or null"),
+    ({"num_negatives": 0}, "mine.num_negatives=0: expected an integer >= 1"),
+    ({"num_negatives": 20, "range_min": 0, "range_max": 10}, "mine.num_negatives=20: more than the window holds")])
+def test_invalid_options_name_the_key(values, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        MiningOptions(**values)
+    with pytest.raises(ValueError, match=message.replace("mine.", "data.remine.").replace("(", r"\(")):
+        mining_options(values, seed=0, where="data.remine")
+
+
+def test_invalid_options_in_the_config_name_the_key(make_cfg):
+    from gte_pro.config_checks import ConfigError
+    from gte_pro.train import train
+
+    with pytest.raises(ConfigError, match="mine.sampling='best': valid choices: top, random"):
+        train(make_cfg(["mode=mine", "mine.sampling=best"]))
+    with pytest.raises(ValueError, match="mine.range_min=100: must be smaller than mine.range_max=100"):
+        train(make_cfg(["mode=mine", "model=tiny", "mine.range_min=100"]))
+
+
+def test_empty_corpus_and_mismatched_dimensions_are_errors():
+    queries, corpus, _ = _problem()
+    with pytest.raises(ValueError, match="the corpus is empty"):
+        mine_negatives(queries, corpus[:0], torch.arange(0), 0, [[] for _ in queries], MiningOptions())
+    with pytest.raises(ValueError, match=r"query embeddings \(30, 12\) and corpus embeddings \(240, 6\) do not match"):
+        _mine(queries, corpus[:, :6], [[] for _ in queries], MiningOptions())
