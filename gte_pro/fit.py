@@ -30,6 +30,7 @@ from gte_pro.export.release import check_export_requirements, release
 from gte_pro.export.writers import export_sentence_transformers
 from gte_pro.launch.preemption import PreemptionCheckpoint, under_submitit
 from gte_pro.launch.resume import check_resumed_config, resume_checkpoint
+from gte_pro.mining.remine import RemineNegatives, remine_callback
 from gte_pro.module import ContrastiveModule
 from gte_pro.utils.files import remove_stale_temporaries, write_json_atomic
 from gte_pro.utils.secrets import redact_secrets
@@ -107,6 +108,9 @@ def fit(cfg: DictConfig) -> float | None:
     callbacks = instantiate_dict(cfg.get("callbacks"))
     if under_submitit():
         callbacks.append(PreemptionCheckpoint(output_dir))
+    remine = remine_callback(cfg, output_dir)
+    if remine is not None:
+        callbacks.append(remine)
     loggers = instantiate_dict(cfg.get("logger"))
     failed = True
     try:
@@ -167,6 +171,7 @@ def _fit_validate_export(cfg: DictConfig, output_dir: Path, module: ContrastiveM
             "lr": module.lr,
             "lr_find_suggestion": suggested_lr,
             "data": getattr(datamodule, "reports", []),
+            "remine": next((cb.costs for cb in callbacks if isinstance(cb, RemineNegatives)), None),
         })
     return after
 

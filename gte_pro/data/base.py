@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.cache import (
@@ -68,6 +68,7 @@ class ContrastiveDataModule(LightningDataModule, abc.ABC):
         cache_dir: str | None = None,
         group_by_length: bool = True,
         length_window: int = 50,
+        remine: Any = None,  # data.remine: read by the training loop (gte_pro.mining.remine), not here
     ) -> None:
         super().__init__()
         if batch_size < 2:
@@ -103,6 +104,7 @@ class ContrastiveDataModule(LightningDataModule, abc.ABC):
         self.extra_eval_max_length = max_length
         self._train_loader: ResumableLoader | None = None
         self._resume_position: dict[str, Any] | None = None  # from a checkpoint, for the next train_dataloader()
+        self.negative_pool: Any = None  # re-mined negatives (gte_pro.mining.remine sets it), drawn from when set
 
     # --- what subclasses provide -------------------------------------------------------------------------
     @abc.abstractmethod
@@ -231,11 +233,6 @@ class ContrastiveDataModule(LightningDataModule, abc.ABC):
         log.info("data: %d training pairs (token cache %s); validation: %d queries over a corpus of %d documents",
                  len(cache), cache.folder, len(self.retrieval.queries), len(self.retrieval.corpus))
 
-    def _loader(self, dataset: Dataset, batch_size: int, collate: Any, shuffle: bool, drop_last: bool) -> DataLoader:
-        return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
-                          collate_fn=collate, num_workers=self.num_workers, pin_memory=self.pin_memory,
-                          persistent_workers=self.persistent_workers)
-
     def _require_tokenizer(self) -> PreTrainedTokenizerBase:
         if self.tokenizer is None:
             raise RuntimeError("the data module needs the encoder's tokenizer (pass tokenizer=...)")
@@ -250,7 +247,7 @@ class ContrastiveDataModule(LightningDataModule, abc.ABC):
             raise DataError(f"only {len(self.token_cache)} training pairs, fewer than one global batch "
                             f"(data.batch_size={self.batch_size} x {world_size} devices): lower the batch size or "
                             "add data")
-        pairs = TokenizedPairs(self.token_cache.token_rows(), self.num_negatives, self.seed)
+        pairs = TokenizedPairs(self.token_cache.token_rows(), self.num_negatives, self.seed, self.negative_pool)
         collate = TokenCollator(self._require_tokenizer())
         lengths = self.token_cache.lengths() if self.group_by_length else None
         sampler = EpochSampler(len(pairs), self.batch_size, world_size, rank, self.seed, lengths, self.length_window)
@@ -273,6 +270,11 @@ class ContrastiveDataModule(LightningDataModule, abc.ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._resume_position = state.get("train_position")
 
+    def next_train_epoch(self) -> int:
+        """The epoch the training loader serves next (after a restore: the checkpoint's)."""
+        loader = self._train_loader
+        return int(loader.sampler.epoch) if loader is not None else int((self._resume_position or {}).get("epoch", 0))
+
     def add_eval_sets(self, sets: Sequence[tuple[str, RetrievalSet]], batch_size: int | None = None,
                       max_length: int | None = None) -> None:
         """Named retrieval sets (e.g. BEIR folders) validated after the held-out split, each logged on its own."""
@@ -288,7 +290,8 @@ class ContrastiveDataModule(LightningDataModule, abc.ABC):
     def _eval_loader(self, retrieval: RetrievalSet, batch_size: int, max_length: int) -> DataLoader:
         collate = EvalCollator(self._require_tokenizer(), max_length)
         texts = EvalTexts(retrieval, self.query_prefix, self.doc_prefix, self.tokenizer, max_length)
-        return self._loader(texts, batch_size, collate, shuffle=False, drop_last=False)
+        return DataLoader(texts, batch_size=batch_size, collate_fn=collate, num_workers=self.num_workers,
+                          pin_memory=self.pin_memory, persistent_workers=self.persistent_workers)
 
     def val_dataloader(self) -> DataLoader | list[DataLoader]:
         main, *extra = self.validation_sets()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
@@ -13,6 +13,9 @@ from transformers import PreTrainedTokenizerBase
 from gte_pro.data.cache import TokenizedCache
 from gte_pro.data.records import Example
 from gte_pro.evaluation.metrics import RetrievalSet
+
+if TYPE_CHECKING:  # the mining package builds on the data package, not the other way round
+    from gte_pro.mining.pool import NegativePool
 
 
 class DrawnRow(NamedTuple):
@@ -31,13 +34,15 @@ class TokenizedPairs(Dataset):
     The draw of a row's positive and negatives is a pure function of (seed, row, epoch): every epoch draws anew,
     in one process or in DataLoader workers alike, and a resumed run draws exactly what an uninterrupted one would.
     Missing hard negatives are filled with other rows' positives. ``__getitems__`` lets the DataLoader fetch a
-    whole batch in one read of the memory-mapped table.
+    whole batch in one read of the memory-mapped table. With ``mined`` (re-mining during training), a row's hard
+    negatives come from the pool active in the item's epoch instead of the row's own.
     """
 
-    def __init__(self, rows: Any, num_negatives: int, seed: int) -> None:
+    def __init__(self, rows: Any, num_negatives: int, seed: int, mined: NegativePool | None = None) -> None:
         self.rows = rows  # a datasets.Dataset with the TOKEN_COLUMNS, memory-mapped
         self.num_negatives = num_negatives
         self.seed = seed
+        self.mined = mined
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -48,12 +53,30 @@ class TokenizedPairs(Dataset):
     def __getitems__(self, keys: Sequence[int | tuple[int, int]]) -> list[DrawnRow]:
         pairs = [(key, 0) if isinstance(key, int) else (int(key[0]), int(key[1])) for key in keys]
         fetched = self.rows[[row for row, _ in pairs]]
+        own = fetched["negatives"]
+        mined = self._mined_negatives(pairs) if self.mined is not None and self.num_negatives else None
         items = []
-        for query, positives, pool, (row, epoch) in zip(fetched["query"], fetched["positives"], fetched["negatives"],
-                                                        pairs, strict=True):
+        for i, (query, positives, (row, epoch)) in enumerate(zip(fetched["query"], fetched["positives"], pairs,
+                                                                 strict=True)):
+            pool = own[i] if mined is None or mined[i] is None else mined[i]
             rng = random.Random((self.seed * 1_000_003 + row) * 7_919 + epoch)
             items.append(DrawnRow(query, rng.choice(positives), self._negatives(pool, row, rng), row))
         return items
+
+    def _mined_negatives(self, pairs: list[tuple[int, int]]) -> list[list[list[int]] | None]:
+        """Token ids of each item's negatives in the pool active for its epoch (None: no pool yet)."""
+        assert self.mined is not None
+        references: list[list[tuple[int, int]] | None] = [None] * len(pairs)
+        for epoch in {epoch for _, epoch in pairs}:
+            at = [i for i, (_, e) in enumerate(pairs) if e == epoch]
+            found = self.mined.references([pairs[i][0] for i in at], epoch)
+            for i, refs in zip(at, found or [None] * len(at), strict=True):
+                references[i] = refs
+        wanted = sorted({r for refs in references if refs for r, _ in refs})
+        if not wanted:
+            return references  # type: ignore[return-value]  # all None, or rows with no mined negatives
+        positives = dict(zip(wanted, self.rows[wanted]["positives"], strict=True))  # one read for the whole batch
+        return [None if refs is None else [positives[r][j] for r, j in refs] for refs in references]
 
     def _negatives(self, pool: list[list[int]], index: int, rng: random.Random) -> list[list[int]]:
         if len(pool) >= self.num_negatives:

@@ -87,8 +87,16 @@ def training_config(cfg: DictConfig) -> dict[str, Any]:
             flat[prefix[:-1]] = node
 
     walk(redact_secrets(OmegaConf.to_container(cfg, resolve=True)), "")
+    remine = flat.get("data.remine.every_n_epochs") or flat.get("data.remine.at_start")
+    # mine.* (mode=mine) shapes training only through re-mining
+    skipped = NOT_TRAINING if remine else (*NOT_TRAINING, "mine")
     return {key: value for key, value in flat.items()
-            if not any(key == skip or key.startswith(skip + ".") for skip in NOT_TRAINING)}
+            if not any(key == skip or key.startswith(skip + ".") for skip in skipped)}
+
+
+def _changed(then: Any, now: Any, recorded: bool) -> bool:
+    # a key the record lacks came with a newer version of the project: only a setting that is on is a change
+    return then != now if recorded else now not in (None, False, 0, "", [], {})
 
 
 def check_resumed_config(cfg: DictConfig, output_dir: Path, ckpt_path: str | None) -> dict[str, list[Any]]:
@@ -102,7 +110,7 @@ def check_resumed_config(cfg: DictConfig, output_dir: Path, ckpt_path: str | Non
         return {}
     then = json.loads(record.read_text(encoding="utf-8"))
     changed = {key: [then.get(key), now.get(key)] for key in sorted(then.keys() | now.keys())
-               if then.get(key) != now.get(key)}
+               if _changed(then.get(key), now.get(key), key in then)}
     if changed and cfg.get("resume") != "force":
         lines = "\n".join(f"  {key}: {old!r} -> {new!r}" for key, (old, new) in changed.items())
         raise ValueError(f"{output_dir} was trained with another config than this run's; the checkpoint would "
