@@ -176,6 +176,7 @@ class ContrastiveModule(LightningModule):
     def on_validation_epoch_end(self) -> None:
         ids_by_loader, embeddings_by_loader = self._val_ids, self._val_embeddings
         self._val_ids, self._val_embeddings = {}, {}
+        by_set: dict[str, dict[str, float]] = {}
         for index, (name, retrieval) in enumerate(self.trainer.datamodule.validation_sets()):
             ids = torch.cat(ids_by_loader.get(index) or [torch.empty(0, dtype=torch.long, device=self.device)])
             embeddings = torch.cat(embeddings_by_loader.get(index)
@@ -187,6 +188,18 @@ class ContrastiveModule(LightningModule):
             for metric, value in metrics.items():
                 self.log(prefix + metric, value, prog_bar=not name and metric == "ndcg@10", sync_dist=False,
                          add_dataloader_idx=False)
+            by_set[name] = metrics
+        self._log_mean_over_sets(by_set)
+
+    def _log_mean_over_sets(self, by_set: dict[str, dict[str, float]]) -> None:
+        """data=mix has no unnamed held-out set: val/<metric> (the monitored val/ndcg@10) is the unweighted mean
+        over the sets the data module names in ``averaged_sets`` (its sources), each logged as val/<source>/..."""
+        names = getattr(self.trainer.datamodule, "averaged_sets", None)
+        if not names:
+            return
+        for metric in by_set[names[0]]:
+            mean = sum(by_set[name][metric] for name in names) / len(names)
+            self.log("val/" + metric, mean, prog_bar=metric == "ndcg@10", sync_dist=False, add_dataloader_idx=False)
 
     # --- optimisation ---------------------------------------------------------------------------------------
     def configure_optimizers(self) -> Any:

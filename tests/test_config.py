@@ -54,7 +54,8 @@ def test_model_options(make_cfg, option):
 @pytest.mark.parametrize("option", options("data"))
 def test_data_options(make_cfg, option, tokenizer, pairs_file: Path, tmp_path: Path):
     extra = {"jsonl": [f"data.train_file={pairs_file}"], "hf": [f"data.path={tmp_path / 'hf'}"],
-             "beir": [f"data.path={tmp_path / 'beir'}"]}
+             "beir": [f"data.path={tmp_path / 'beir'}"],
+             "mix": [f"data.sources={{a: {{type: jsonl, train_file: '{pairs_file}'}}}}"]}
     if option == "beir":
         from tests.beir_data import write_beir_folder
 
@@ -74,7 +75,7 @@ def test_data_options(make_cfg, option, tokenizer, pairs_file: Path, tmp_path: P
     batch = next(iter(module.train_dataloader()))
     assert batch["query"]["input_ids"].shape[0] == 3 and batch["num_negatives"] == 1
     assert batch["doc"]["input_ids"].shape == (6, 12)  # 3 positives + 3 negatives, truncated at max_length
-    assert 0 < len(module.train_rows) <= 30 and module.retrieval.queries
+    assert 0 < len(module.train_rows) <= 30 and all(rs.queries for _, rs in module.validation_sets())
     decoded = tokenizer.decode(batch["query"]["input_ids"][0], skip_special_tokens=True)
     assert any(decoded == tokenizer.decode(tokenizer(ex.query)["input_ids"][:11], skip_special_tokens=True)
                for ex in module.train_rows)  # the module's own tokenizer, no prefix

@@ -239,6 +239,7 @@ def test_every_shipped_option_passes_the_config_checks():
 
     required = {"model=encoder": ["model.name_or_path=x"], "data=jsonl": ["data.train_file=x"],
                 "data=hf": ["data.path=x"], "data=beir": ["data.path=x"],
+                "data=mix": ["data.sources={a: {type: demo}}"],
                 "experiment=byo_hard_negatives": ["data.train_file=x"]}
     groups = [p for p in CONF.iterdir() if p.is_dir() and p.name not in ("hydra", "paths")]
     choices = [f"{group.name}={option.stem}" for group in sorted(groups) for option in sorted(group.glob("*.yaml"))]

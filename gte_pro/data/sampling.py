@@ -20,6 +20,24 @@ from torch.utils.data import DataLoader, DistributedSampler
 RowKey = tuple[int, int]
 
 
+def shuffled_batches(rng: np.random.Generator, num_rows: int, global_batch: int, lengths: np.ndarray | None = None,
+                     window_batches: int = 50) -> list[np.ndarray]:
+    """One shuffled pass over ``num_rows`` rows as full global batches (a partial last one is dropped); with
+    ``lengths``, each window of ``window_batches`` batches is sorted by length before the cut and the batches are
+    shuffled again."""
+    order = rng.permutation(num_rows)
+    if lengths is None:
+        return [order[i : i + global_batch] for i in range(0, num_rows // global_batch * global_batch, global_batch)]
+    span = global_batch * window_batches
+    batches = []
+    for start in range(0, len(order), span):
+        window = order[start : start + span]
+        window = window[np.argsort(-lengths[window], kind="stable")]
+        batches += [window[i : i + global_batch] for i in range(0, len(window), global_batch)]
+    full = [b for b in batches if len(b) == global_batch]
+    return [full[i] for i in rng.permutation(len(full))]
+
+
 class EpochSampler(DistributedSampler):
     """Rank ``rank``'s rows of each global batch of an epoch's shuffled order.
 
@@ -64,19 +82,13 @@ class EpochSampler(DistributedSampler):
 
     def global_batches(self, epoch: int) -> list[np.ndarray]:
         """The epoch's full global batches, in training order (the same list on every rank)."""
-        rng = np.random.default_rng([self.seed, epoch])
-        order = rng.permutation(self.num_rows)
-        if self.lengths is None:
-            return [order[i : i + self.global_batch] for i in range(0, self.batches_per_epoch * self.global_batch,
-                                                                     self.global_batch)]
-        span = self.global_batch * self.window_batches
-        batches = []
-        for start in range(0, len(order), span):
-            window = order[start : start + span]
-            window = window[np.argsort(-self.lengths[window], kind="stable")]
-            batches += [window[i : i + self.global_batch] for i in range(0, len(window), self.global_batch)]
-        full = [b for b in batches if len(b) == self.global_batch]
-        return [full[i] for i in rng.permutation(len(full))]
+        return shuffled_batches(np.random.default_rng([self.seed, epoch]), self.num_rows, self.global_batch,
+                                self.lengths, self.window_batches)
+
+    def layout(self) -> dict[str, Any]:
+        """What the batch order depends on besides the epoch: a checkpoint's position means the same batches only
+        under the same layout (``ResumableLoader`` saves it and compares it on resume). JSON-able values."""
+        return {"global_batch": self.global_batch, "num_rows": self.num_rows, "seed": self.seed}
 
     def __iter__(self) -> Iterator[RowKey]:
         epoch, skip = self.epoch, 0
@@ -114,12 +126,11 @@ class ResumableLoader(DataLoader):
     def state_dict(self) -> dict[str, Any]:
         sampler: EpochSampler = self.sampler  # type: ignore[assignment]
         epoch, done = self._position
-        return {"epoch": epoch, "batches_done": done, "global_batch": sampler.global_batch,
-                "num_rows": sampler.num_rows, "seed": sampler.seed}
+        return {"epoch": epoch, "batches_done": done, **sampler.layout()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         sampler: EpochSampler = self.sampler  # type: ignore[assignment]
-        layout = {key: getattr(sampler, key) for key in ("global_batch", "num_rows", "seed")}
+        layout = sampler.layout()
         saved = {key: state.get(key) for key in layout}
         if saved != layout:
             # another batch layout would make "the next batch" a different set of rows: say so, don't guess
