@@ -89,10 +89,11 @@ def test_loss_options(make_cfg, option):
     loss = instantiate(cfg.loss)
     tau = cfg.loss.temperature
     q = torch.eye(4, 8, dtype=torch.float64)
-    # InfoNCE: q_i against 4 documents. GTE adds q->q, d->q and d->d terms: the partition function of pair i holds
-    # s(q_i, d_i) twice (q->d and d->q), 12 zero similarities, and the numerator is s(q_i, d_i)
-    aligned = {"infonce": math.log(1 + 3 * math.exp(-1 / tau)), "gte": math.log(2 + 12 * math.exp(-1 / tau))}
-    rolled = {"infonce": math.log(math.exp(1 / tau) + 3), "gte": math.log(2 * math.exp(1 / tau) + 12)}
+    # InfoNCE: q_i against 4 documents. GTE adds q->q, d->q and d->d terms (j != i each): the partition function of
+    # pair i holds s(q_i, d_i) once (the numerator) and 12 zero similarities; rolled, q_i meets its equal once in
+    # q->d and once in d->q (d_{i+1} = q_i), and 11 zeros
+    aligned = {"infonce": math.log(1 + 3 * math.exp(-1 / tau)), "gte": math.log(1 + 12 * math.exp(-1 / tau))}
+    rolled = {"infonce": math.log(math.exp(1 / tau) + 3), "gte": math.log(2 * math.exp(1 / tau) + 11)}
     assert loss(q, q).loss.item() == pytest.approx(aligned[option], rel=1e-9)
     assert loss(q, q.roll(1, dims=0)).loss.item() == pytest.approx(rolled[option], rel=1e-9)
 

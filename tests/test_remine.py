@@ -101,6 +101,7 @@ def _pools(run: Path) -> dict[str, np.ndarray]:
     return {p.name: np.load(p) for p in sorted((run / "negatives").glob("*.npy"))}
 
 
+@pytest.mark.slow  # three 2-epoch runs with two re-mines each (~1.5 min on 2 idle cores)
 def test_a_run_re_mines_every_epoch_and_a_resumed_one_continues_with_the_same_pool(make_cfg, tmp_path: Path):
     """Pools at the start of epochs 0 and 1 (the second from trained weights: it differs); a run stopped in epoch 1
     and started again ends with the same weights bit for bit and the same pools, and the cost is recorded."""
