@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install train test test-slow test-all lint clean bench bench-eval bench-gradcache bench-scale reliability
+.PHONY: install train test test-slow test-all lint clean bench bench-eval bench-gradcache bench-mine bench-scale bench-negatives reliability
 
 # torch first and alone: the pinned CPU wheel; an open range would pull a multi-GB CUDA build
 $(VENV)/.installed: pyproject.toml
@@ -35,6 +35,12 @@ lint: install
 bench-eval: install
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_eval.py $(ARGS)
 
+# hard-negative mining docs/s: ours vs sentence-transformers' mine_hard_negatives, same model, rows and settings,
+# interleaved rounds, medians (1,000 docs, 2 rounds: ~8 min on 2 CPU cores shared with other jobs)
+# make bench-mine ARGS="--docs 5000 --batch-size 64 --max-length 128 --rounds 3"
+bench-mine: install
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_mine.py $(ARGS)
+
 # cached contrastive loss (loss.mini_batch_size): peak memory and pairs/s of batch 1024 with M=32 vs uncached batch
 # 32 (and uncached 1024 where it fits), a fresh process each (~3 min on 2 idle CPU cores; uses CUDA if present)
 # make bench-gradcache ARGS="--large-batch 1024 --mini-batch-size 32 --max-length 64 --bf16"
@@ -51,6 +57,13 @@ bench: install
 # ~15 min on 2 CPU cores, ~1 GB of files under --workdir)
 bench-scale: install
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_scale.py $(ARGS)
+
+# NDCG@10 of in-batch vs mined vs re-mined hard negatives, loss infonce vs gte, mean ± std over 3 seeds, on the pydocs
+# set (gte_pro.data.pydocs, built under --workdir on first use); 2 epochs of MiniLM per run, 18 runs (hours on 2 CPU
+# cores; --dry-run prints the commands)
+# make bench-negatives ARGS="--seeds 1,2 --variants inbatch-gte,mined-gte --negatives 1"
+bench-negatives: install
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_negatives.py $(ARGS)
 
 # kill -9 a tiny 2-epoch run at random moments (and inside checkpoint writes and exports), restart it with the same
 # command, compare with an uninterrupted run bit for bit (README, Reliability; ~45 min on 2 CPU cores)

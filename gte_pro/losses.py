@@ -113,13 +113,27 @@ class GTELoss(ContrastiveLoss):
     """The improved contrastive loss of the GTE paper (Li et al., 2023, eq. 3).
 
     For pair i the partition function is one sum over query->doc s(q_i, d_j), query->query s(q_i, q_j) (j != i),
-    doc->query s(q_j, d_i) and doc->doc s(d_j, d_i) (j != i) similarities; the numerator is s(q_i, d_i).
+    doc->query s(q_j, d_i) (j != i) and doc->doc s(d_j, d_i) (j != i) similarities; the numerator is s(q_i, d_i).
     Documents d_j range over all positives and hard negatives of the global batch.
+
+    doc->query leaves out j == i: s(q_i, d_i) is the numerator, and counting it a second time in the partition
+    function puts a floor of ln 2 under the loss (a perfectly trained batch still scores 0.69) and halves the weight
+    of the positive against the negatives. ``mask_own_negatives`` also leaves out d_i's own hard negatives in
+    doc->doc: they were mined to look like d_i, so pushing d_i away from them works against the query->doc term,
+    which needs those negatives *below* d_i, not far from it (sentence-transformers' MNRL masks them too).
+    ``double_count_positive`` restores the old form (with the extra d->q term) for comparisons only.
     """
 
-    def __init__(self, temperature: float = 0.01, gather_across_devices: bool = True,
+    def __init__(self, temperature: float = 0.01, mask_own_negatives: bool = False,
+                 double_count_positive: bool = False, gather_across_devices: bool = True,
                  mini_batch_size: int | None = None, max_skipped_steps: int = 10) -> None:
         super().__init__(temperature, gather_across_devices, mini_batch_size, max_skipped_steps)
+        for key, value in (("mask_own_negatives", mask_own_negatives),
+                           ("double_count_positive", double_count_positive)):
+            if not isinstance(value, bool):
+                raise ValueError(f"loss.{key} must be true or false, got {value!r}")
+        self.mask_own_negatives = mask_own_negatives
+        self.double_count_positive = double_count_positive
 
     def forward(
         self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None = None
@@ -129,16 +143,31 @@ class GTELoss(ContrastiveLoss):
         rows = torch.arange(query.shape[0], device=query.device)
         labels = rows + offset
         query_doc = query @ candidates.T
-        query_query = query @ queries_all.T
-        doc_query = positive @ queries_all.T  # s(q_j, d_i) for the local positive d_i
-        doc_doc = positive @ candidates.T
         # self-similarities are constant 1/temperature terms that would swamp the denominator: drop them
-        self_mask = torch.zeros_like(query_query, dtype=torch.bool)
-        self_mask[rows, labels] = True
-        query_query = query_query.masked_fill(self_mask, float("-inf"))
-        doc_doc_mask = torch.zeros_like(doc_doc, dtype=torch.bool)
-        doc_doc_mask[rows, labels] = True
-        doc_doc = doc_doc.masked_fill(doc_doc_mask, float("-inf"))
+        query_query = _mask(query @ queries_all.T, labels[:, None])
+        doc_query = positive @ queries_all.T  # s(q_j, d_i) for the local positive d_i
+        if not self.double_count_positive:
+            doc_query = _mask(doc_query, labels[:, None])
+        doc_doc = _mask(positive @ candidates.T, self._doc_doc_excluded(labels, queries_all.shape[0], negatives))
         logits = _at_least_fp32(torch.cat([query_doc, query_query, doc_query, doc_doc], dim=1)) / self.temperature
         loss = F.cross_entropy(logits, labels)
         return LossOutput(loss, query_doc.detach(), labels)
+
+    def _doc_doc_excluded(self, labels: torch.Tensor, num_positives: int,
+                          negatives: torch.Tensor | None) -> torch.Tensor:
+        """(B_local, n) candidate columns each local positive d_i is not compared with in doc->doc: itself, and with
+        ``mask_own_negatives`` its own hard negatives. Candidates are [every rank's positives; every rank's
+        negatives] with each rank's negatives in query order, so the k negatives of global pair g sit at columns
+        num_positives + g*k ... num_positives + g*k + k-1."""
+        k = negatives.shape[1] if negatives is not None and negatives.numel() else 0
+        if not (self.mask_own_negatives and k):
+            return labels[:, None]
+        own = num_positives + labels[:, None] * k + torch.arange(k, device=labels.device)
+        return torch.cat([labels[:, None], own], dim=1)
+
+
+def _mask(scores: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """``scores`` with row i's ``columns[i]`` set to -inf (out of the partition function)."""
+    mask = torch.zeros_like(scores, dtype=torch.bool)
+    mask.scatter_(1, columns, True)
+    return scores.masked_fill(mask, float("-inf"))

@@ -25,18 +25,35 @@ def reference_infonce(q, pos, neg, tau):
     return total / len(q)
 
 
-def reference_gte(q, pos, neg, tau):
-    """Li et al. 2023, eq. 3, written term by term."""
-    docs = [pos[j] for j in range(len(pos))] + ([n for row in neg for n in row] if neg is not None else [])
+def reference_gte(q, pos, neg, tau, mask_own_negatives=False, double_count_positive=False):
+    """Li et al. 2023, eq. 3, written term by term, without the positive's second appearance (doc->query j == i)
+    unless ``double_count_positive``; ``mask_own_negatives`` leaves d_i's own hard negatives out of doc->doc."""
     n = len(q)
+    owners = list(range(n)) + ([i for i, row in enumerate(neg) for _ in row] if neg is not None else [])
+    docs = [pos[j] for j in range(n)] + ([d for row in neg for d in row] if neg is not None else [])
     total = 0.0
     for i in range(n):
         terms = [torch.dot(q[i], d) / tau for d in docs]  # q_i -> all documents
         terms += [torch.dot(q[i], q[j]) / tau for j in range(n) if j != i]  # q_i -> other queries
-        terms += [torch.dot(q[j], pos[i]) / tau for j in range(n)]  # all queries -> d_i
-        terms += [torch.dot(d, pos[i]) / tau for j, d in enumerate(docs) if j != i]  # other documents -> d_i
+        terms += [torch.dot(q[j], pos[i]) / tau for j in range(n) if j != i or double_count_positive]  # queries -> d_i
+        for j, d in enumerate(docs):  # other documents -> d_i
+            if j != i and not (mask_own_negatives and owners[j] == i):
+                terms.append(torch.dot(d, pos[i]) / tau)
         total = total - (torch.dot(q[i], pos[i]) / tau - torch.logsumexp(torch.stack(terms), 0))
     return total / n
+
+
+def _check_against_reference(ours_fn, reference_fn, num_negatives: int, batch: int = 6, dim: int = 16) -> None:
+    q, pos = _unit(batch, dim, seed=1), _unit(batch, dim, seed=2)
+    neg = _unit(batch, num_negatives, dim, seed=3) if num_negatives else None
+    inputs = [t for t in (q, pos, neg) if t is not None]
+    ours = ours_fn(q, pos, neg).loss
+    grads = torch.autograd.grad(ours, inputs)
+    ref = reference_fn(q, pos, neg)
+    ref_grads = torch.autograd.grad(ref, inputs)
+    assert ours.item() == pytest.approx(ref.item(), rel=1e-6, abs=1e-8)
+    for mine, theirs in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-9)
 
 
 @pytest.mark.parametrize("num_negatives", [0, 2])
@@ -44,16 +61,39 @@ def reference_gte(q, pos, neg, tau):
     "loss_cls,reference,tau", [(InfoNCELoss, reference_infonce, 0.05), (GTELoss, reference_gte, 0.02)]
 )
 def test_loss_matches_reference_values_and_gradients(loss_cls, reference, tau, num_negatives):
-    batch, dim = 6, 16
-    q, pos = _unit(batch, dim, seed=1), _unit(batch, dim, seed=2)
-    neg = _unit(batch, num_negatives, dim, seed=3) if num_negatives else None
-    ours = loss_cls(temperature=tau)(q, pos, neg).loss
-    grads = torch.autograd.grad(ours, [t for t in (q, pos, neg) if t is not None])
-    ref = reference(q, pos, neg, tau)
-    ref_grads = torch.autograd.grad(ref, [t for t in (q, pos, neg) if t is not None])
-    assert ours.item() == pytest.approx(ref.item(), rel=1e-6, abs=1e-8)
-    for mine, theirs in zip(grads, ref_grads, strict=True):
-        torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-9)
+    _check_against_reference(loss_cls(temperature=tau), lambda q, p, n: reference(q, p, n, tau), num_negatives)
+
+
+@pytest.mark.parametrize("num_negatives", [0, 1, 3])
+@pytest.mark.parametrize("mask_own_negatives", [False, True])
+@pytest.mark.parametrize("double_count_positive", [False, True])
+def test_gte_options_match_the_reference(num_negatives, mask_own_negatives, double_count_positive):
+    options = {"mask_own_negatives": mask_own_negatives, "double_count_positive": double_count_positive}
+    _check_against_reference(GTELoss(0.05, **options), lambda q, p, n: reference_gte(q, p, n, 0.05, **options),
+                             num_negatives, batch=5)
+
+
+def test_masking_own_negatives_changes_the_loss_only_when_there_are_negatives():
+    q, pos, neg = _unit(4, 8, seed=6), _unit(4, 8, seed=7), _unit(4, 2, 8, seed=8)
+    masked, kept = GTELoss(0.05, mask_own_negatives=True), GTELoss(0.05, mask_own_negatives=False)
+    assert masked(q, pos).loss.item() == kept(q, pos).loss.item()
+    # fewer terms in the partition function: strictly smaller
+    assert masked(q, pos, neg).loss.item() < kept(q, pos, neg).loss.item() - 1e-6
+
+
+@pytest.mark.parametrize("num_negatives", [0, 2])
+def test_gte_has_no_ln2_floor(num_negatives):
+    """Orthogonal texts, each query equal to its positive: every other term vanishes as the temperature falls, so
+    the loss goes to 0. Counting the positive twice (the old form) leaves log 2 however well the batch is trained."""
+    batch = 4
+    basis = torch.eye(batch * (1 + num_negatives), dtype=torch.float64)
+    q = pos = basis[:batch]
+    neg = basis[batch:].reshape(batch, num_negatives, -1) if num_negatives else None
+    values = [GTELoss(tau)(q, pos, neg).loss.item() for tau in (0.2, 0.1, 0.05, 0.01)]
+    assert values == sorted(values, reverse=True) and values[-1] < 1e-12
+    assert values[0] > 1e-3  # the limit is approached, not given
+    old = GTELoss(0.01, double_count_positive=True)(q, pos, neg).loss.item()
+    assert old == pytest.approx(math.log(2), abs=1e-12)
 
 
 def test_infonce_perfect_separation_is_near_zero_and_uniform_is_log_n():
@@ -72,3 +112,109 @@ def test_gte_loss_is_not_infonce():
 def test_temperature_must_be_positive():
     with pytest.raises(ValueError, match="temperature"):
         InfoNCELoss(temperature=0)
+
+
+def test_gte_flags_must_be_booleans():
+    with pytest.raises(ValueError, match=r"loss.mask_own_negatives must be true or false, got 'yes'"):
+        GTELoss(mask_own_negatives="yes")
+
+
+# --- DDP and GradCache: the own-negative columns are found in the gathered layout ---------------------------------
+BATCH, NEGATIVES, DIM = 6, 2, 8  # global batch; 2 ranks x 3 queries
+DDP_OPTIONS = {f"k{k}-mask{int(mask)}": (k, mask) for k in (0, NEGATIVES) for mask in (False, True)}
+
+
+def _global_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (_unit(BATCH, DIM, seed=11).detach(), _unit(BATCH, DIM, seed=12).detach(),
+            _unit(BATCH, NEGATIVES, DIM, seed=13).detach())
+
+
+def _loss_and_grads(rows: slice, k: int, mask: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    q, pos, neg = (t[rows].clone().requires_grad_(True) for t in _global_batch())
+    inputs = [q, pos, neg[:, :k]] if k else [q, pos]
+    loss = GTELoss(0.05, mask_own_negatives=mask)(*inputs).loss
+    return loss, list(torch.autograd.grad(loss, [q, pos, neg] if k else [q, pos]))
+
+
+def _rank_main(rank: int, world: int, port: int, out: str) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        share = BATCH // world
+        results = {}
+        for name, (k, mask) in DDP_OPTIONS.items():
+            loss, grads = _loss_and_grads(slice(rank * share, (rank + 1) * share), k, mask)
+            loss = loss.detach().clone()
+            dist.all_reduce(loss)
+            gathered = []
+            for grad in grads:  # every rank's gradients, in rank order: the whole batch's
+                parts = [torch.empty_like(grad) for _ in range(world)]
+                dist.all_gather(parts, grad.contiguous())
+                gathered.append(torch.cat(parts))
+            results[name] = {"loss": loss / world, "grads": gathered}
+        if rank == 0:
+            torch.save(results, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_equal_one_process_on_the_concatenated_batch(tmp_path):
+    """Each rank's loss is the mean over its 3 queries; the all_gather's backward sums what every rank's loss sends
+    to an embedding, so a rank's gradient is world x that of the mean loss over all 6 queries."""
+    import torch.multiprocessing as mp
+
+    from tests.conftest import free_port
+
+    out = tmp_path / "ddp.pt"
+    mp.spawn(_rank_main, args=(2, free_port(), str(out)), nprocs=2, join=True)
+    distributed = torch.load(out)
+    for name, (k, mask) in DDP_OPTIONS.items():
+        loss, grads = _loss_and_grads(slice(0, BATCH), k, mask)
+        assert distributed[name]["loss"].item() == pytest.approx(loss.item(), rel=1e-12), name
+        for mine, theirs in zip(distributed[name]["grads"], grads, strict=True):
+            torch.testing.assert_close(mine / 2, theirs, rtol=1e-10, atol=1e-12, msg=name)
+    # the control: masking changed the value, so a wrong column would have shown
+    assert distributed["k2-mask1"]["loss"].item() < distributed["k2-mask0"]["loss"].item() - 1e-6
+
+
+class _BagOfTokens(torch.nn.Module):
+    """A stand-in encoder (mean of token embeddings): GradCache only needs a module of the tokenized batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, DIM, dtype=torch.float64)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        mask = attention_mask[..., None].to(torch.float64)
+        return F.normalize((self.embed(input_ids) * mask).sum(1) / mask.sum(1), dim=-1)
+
+
+def _tokens(rows: int, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 7, (rows,), generator=g)
+    return {"input_ids": torch.randint(0, 50, (rows, 6), generator=g),
+            "attention_mask": (torch.arange(6) < lengths[:, None]).long()}
+
+
+def test_gradcache_with_masked_own_negatives_equals_the_full_batch():
+    from gte_pro.gradcache import cached_loss
+    from gte_pro.losses import split_documents
+
+    torch.manual_seed(0)
+    encoder = _BagOfTokens()
+    queries, docs = _tokens(BATCH, seed=1), _tokens(BATCH * (1 + NEGATIVES), seed=2)
+    loss_fn = GTELoss(0.05, mask_own_negatives=True)
+    full = loss_fn(encoder(**queries), *split_documents(encoder(**docs), BATCH, NEGATIVES)).loss
+    full.backward()
+    full_grad = encoder.embed.weight.grad.clone()
+    encoder.zero_grad()
+    cached = cached_loss(encoder, loss_fn, queries, docs, NEGATIVES, mini_batch_size=4)
+    cached.loss.backward()
+    assert cached.loss.item() == pytest.approx(full.item(), rel=1e-12)
+    torch.testing.assert_close(encoder.embed.weight.grad, full_grad, rtol=1e-10, atol=1e-12)
+    assert full_grad.abs().max() > 0

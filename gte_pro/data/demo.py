@@ -14,13 +14,13 @@ import json
 import logging
 import sys
 import sysconfig
-import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gte_pro.data.base import ContrastiveDataModule
+from gte_pro.data.docstrings import docstring_pair, parsed_sources
 from gte_pro.data.records import CleaningReport, Example, clean_examples, clean_text
 from gte_pro.data.split import is_held_out, split_bucket
 from gte_pro.utils.files import write_text_atomic
@@ -32,32 +32,16 @@ _SKIP_PARTS = {"test", "tests", "idlelib", "lib2to3", "turtledemo", "site-packag
 _DOC_NODES = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
-def _docstring_pair(doc: str) -> tuple[str, str] | None:
-    """(summary paragraph, rest) of a docstring, or None when it has no body."""
-    paragraphs = [p for p in doc.split("\n\n") if p.strip()]
-    if len(paragraphs) < 2:
-        return None
-    return paragraphs[0], "\n\n".join(paragraphs[1:])
-
-
 def stdlib_docstrings(stdlib_dir: str | Path | None = None) -> tuple[list[Example], list[str]]:
     """Raw (uncleaned) pairs and one-paragraph docstrings of every stdlib module, in a deterministic order."""
     root = Path(stdlib_dir or sysconfig.get_paths()["stdlib"])
     examples: list[Example] = []
     distractors: list[str] = []
-    for path in sorted(root.rglob("*.py")):
-        if _SKIP_PARTS.intersection(path.relative_to(root).parts):
-            continue
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # invalid escape sequences in old sources
-                tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, OSError):
-            continue
+    for _, tree in parsed_sources(root, _SKIP_PARTS):
         for node in ast.walk(tree):
             if isinstance(node, _DOC_NODES):
                 doc = ast.get_docstring(node, clean=True)
-                pair = _docstring_pair(doc) if doc else None
+                pair = docstring_pair(doc) if doc else None
                 if pair:
                     examples.append(Example(query=pair[0], positives=[pair[1]]))
                 elif doc:

@@ -1,0 +1,223 @@
+"""Retrieval quality at equal steps and seed: in-batch negatives only vs + mined hard negatives vs + re-mining,
+``loss=infonce`` vs ``loss=gte``, NDCG@10 on the held-out queries of the pydocs set (``gte_pro.data.pydocs``: API
+summaries of installed packages -> their documentation, thousands of look-alike documents), over several seeds.
+
+Usage::
+
+    python benchmarks/bench_negatives.py [--seeds 1,2,3] [--variants inbatch-infonce,mined-gte,...]
+        [--max-train 2000] [--max-test 500] [--epochs 2 | --steps N] [--negatives 1] [--model minilm]
+        [--workdir /tmp/gte_pro_bench_negatives] [--override key=value ...] [--timeout S] [--json FILE] [--dry-run]
+
+Every run is ``python train.py`` in a fresh process with the same overrides (model=minilm data=jsonl
+data.train_file=<pydocs>/train.jsonl eval.beir=[<pydocs>/beir] model.lr=2e-5 data.batch_size=32
+trainer.max_epochs=2, seed=S) plus its variant's:
+
+  inbatch  data.num_negatives=0: the other pairs' positives are the only negatives
+  mined    data.train_file=<work>/mined.jsonl data.num_negatives=K: hard negatives mined once, before training, by
+           the untrained model (``python train.py mode=mine``, the same file for every seed and loss)
+  remine   mined + data.remine.every_n_epochs=1: re-mined with the current weights at the start of epoch 2
+  (each with -infonce and -gte: the loss's own default temperature, conf/loss/*.yaml)
+
+The figure is ``val/<set>/ndcg@10`` of the run's ``metrics.json`` after the last step (``callbacks=none`` and no
+checkpoints: no checkpoint selection, so every variant is scored at the same step count; the corpus is embedded
+before and after training only, not after each epoch). Runs go one after the other; a failed run
+is reported with its reason and the others go on. The table gives mean ± sample std over the seeds and each seed's
+value; the summary says whether the best recipe beats in-batch negatives by more than the seed-to-seed spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+import harness
+from harness import Column, Result
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = ("inbatch", "mined", "remine")
+LOSSES = ("infonce", "gte")
+VARIANTS = tuple(f"{recipe}-{loss}" for recipe in RECIPES for loss in LOSSES)
+TRAIN_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline"}
+
+
+def pydocs_set(args: argparse.Namespace) -> Path:
+    """The retrieval set's folder: built (deterministically) on first use."""
+    folder = Path(args.workdir) / f"pydocs_{args.max_train}_{args.max_test}"
+    if not args.dry_run and not (folder / "train.jsonl").is_file():
+        from gte_pro.data.pydocs import build_pydocs
+
+        build_pydocs(folder, args.max_train, args.max_test, seed=0)
+    return folder
+
+
+def common_overrides(args: argparse.Namespace, data: Path) -> list[str]:
+    # validation only before and after training: each one embeds the whole corpus, and no checkpoint is selected
+    length = [f"trainer.max_steps={args.steps}", "trainer.max_epochs=-1", "trainer.val_check_interval=null",
+              f"trainer.check_val_every_n_epoch={10**6}"] if args.steps else [
+        f"trainer.max_epochs={args.epochs}", f"trainer.check_val_every_n_epoch={args.epochs}"]
+    return [f"model={args.model}", "data=jsonl", f"eval.beir=[{data / 'beir'}]", f"model.lr={args.lr}",
+            f"data.batch_size={args.batch_size}", *length, "callbacks=none", "+trainer.enable_checkpointing=false",
+            "export.hf=false", "export.model_card=false", "logger=csv",
+            f"paths.cache_dir={Path(args.workdir) / 'cache'}", *args.override]
+
+
+def mine_command(args: argparse.Namespace, data: Path) -> list[str]:
+    """Hard negatives for every training row, mined by the untrained model (the same for every seed)."""
+    work = Path(args.workdir)
+    return [sys.executable, "train.py", "mode=mine", f"model={args.model}", "data=jsonl",
+            f"data.train_file={data / 'train.jsonl'}", f"mine.num_negatives={args.negatives}",
+            f"mine.output={work / 'mined.jsonl'}", f"paths.cache_dir={work / 'cache'}",
+            f"hydra.run.dir={work / 'runs' / 'mine'}", *args.override]
+
+
+def train_command(variant: str, seed: int, args: argparse.Namespace, data: Path) -> list[str]:
+    recipe, loss = variant.split("-")
+    work = Path(args.workdir)
+    train_file = data / "train.jsonl" if recipe == "inbatch" else work / "mined.jsonl"
+    extra = {"inbatch": ["data.num_negatives=0"],
+             "mined": [f"data.num_negatives={args.negatives}"],
+             "remine": [f"data.num_negatives={args.negatives}", "data.remine.every_n_epochs=1"]}[recipe]
+    return [sys.executable, "train.py", *common_overrides(args, data), f"data.train_file={train_file}",
+            f"loss={loss}", *extra, f"seed={seed}", f"hydra.run.dir={run_dir(variant, seed, args)}"]
+
+
+def run_dir(variant: str, seed: int, args: argparse.Namespace) -> Path:
+    return Path(args.workdir) / "runs" / variant / f"seed{seed}"
+
+
+def read_ndcg(folder: Path, set_name: str) -> dict[str, float | None]:
+    """NDCG@10 on the test queries after training, and of the untrained model, from the run's metrics.json."""
+    metrics = json.loads((folder / "metrics.json").read_text())
+    key = f"val/{set_name}/ndcg@10"
+    return {"ndcg": (metrics.get("val") or {}).get(key), "ndcg_before": (metrics.get("val_before") or {}).get(key),
+            "steps": metrics.get("global_step")}
+
+
+def run(cmd: list[str], log: Path, args: argparse.Namespace) -> Result:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"$ {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    return harness.run_command(cmd, log, args.timeout, cwd=REPO, env=TRAIN_ENV)
+
+
+def train_one(variant: str, seed: int, args: argparse.Namespace, data: Path, mined: Result | None) -> Result:
+    row = {"variant": variant, "seed": seed}
+    if not variant.startswith("inbatch") and mined is not None and "error" in mined:
+        return {**row, "error": f"mining failed: {mined['error']}"}
+    folder = run_dir(variant, seed, args)
+    shutil.rmtree(folder, ignore_errors=True)  # a fresh run, never a resumed one
+    result = run(train_command(variant, seed, args, data), folder.with_suffix(".log"), args)
+    if "error" in result:
+        return {**row, **result}
+    return {**row, **result, **read_ndcg(folder, (data / "beir").name)}
+
+
+def summarize(rows: list[Result], variants: list[str]) -> list[Result]:
+    """One row per variant: mean ± std of NDCG@10 over its successful seeds, and each seed's value."""
+    table = []
+    for variant in variants:
+        runs = [r for r in rows if r["variant"] == variant]
+        values = [r["ndcg"] for r in runs if r.get("ndcg") is not None]
+        if not values:
+            failed = next((r for r in runs if "error" in r), {"error": "no result"})
+            table.append({"variant": variant, "error": failed["error"]})
+            continue
+        table.append({"variant": variant, "mean": statistics.mean(values),
+                      "std": statistics.stdev(values) if len(values) > 1 else None, "n": len(values),
+                      "per_seed": ", ".join(f"{r['seed']}: {r['ndcg']:.4f}" if r.get("ndcg") is not None else
+                                            f"{r['seed']}: failed" for r in runs),
+                      "wall_s": statistics.mean(r["wall_s"] for r in runs if "wall_s" in r)})
+    return table
+
+
+def verdict(table: list[Result]) -> list[str]:
+    """Per loss: does the best recipe with hard negatives beat in-batch only by more than the seed-to-seed spread?"""
+    by_name = {r["variant"]: r for r in table if "mean" in r}
+    lines = []
+    for loss in LOSSES:
+        base = by_name.get(f"inbatch-{loss}")
+        others = [by_name[f"{recipe}-{loss}"] for recipe in RECIPES[1:] if f"{recipe}-{loss}" in by_name]
+        if not base or not others:
+            continue
+        best = max(others, key=lambda r: r["mean"])
+        spread = max((r["std"] or 0.0) for r in (base, best))
+        margin = best["mean"] - base["mean"]
+        lines.append(f"{loss}: best {best['variant']} {margin:+.4f} NDCG@10 over inbatch-{loss}; seed-to-seed std "
+                     f"up to {spread:.4f}: {'beats' if margin > spread else 'does NOT beat'} in-batch by more than "
+                     "the spread")
+    return lines
+
+
+def report(rows: list[Result], table: list[Result], args: argparse.Namespace) -> None:
+    import torch
+
+    print(f"\nNDCG@10 on the pydocs test queries ({args.max_test} queries, {args.max_train} training pairs), "
+          f"model={args.model}, batch {args.batch_size}, lr {args.lr}, "
+          + (f"{args.steps} steps" if args.steps else f"{args.epochs} epochs")
+          + f", {args.negatives} mined negative(s) per query; seeds {args.seeds}")
+    print(f"CPU capability: {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}, "
+          f"CUDA: {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}\n")
+    before = next((r["ndcg_before"] for r in rows if r.get("ndcg_before") is not None), None)
+    print(f"untrained model: {before:.4f}\n" if before is not None else "", end="")
+    print(harness.table([
+        Column("variant", "variant", numeric=False, key=True), Column("NDCG@10 mean", "mean", ".4f"),
+        Column("± std", "std", ".4f"), Column("seeds", "n", "d"), Column("per seed", "per_seed", numeric=False),
+        Column("wall s / run", "wall_s", ".0f")], table))
+    for line in verdict(table):
+        print(line)
+    for row in rows:
+        if "error" in row:
+            print(f"FAILED: {row['variant']} seed {row['seed']}: {row['error']}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    parser.add_argument("--max-train", type=int, default=2000)
+    parser.add_argument("--max-test", type=int, default=500)
+    parser.add_argument("--epochs", type=int, default=2, help="2: re-mining needs an epoch to act on")
+    parser.add_argument("--steps", type=int, default=None, help="trainer.max_steps instead of --epochs")
+    parser.add_argument("--negatives", type=int, default=1, help="mined hard negatives per query (data.num_negatives)")
+    parser.add_argument("--model", default="minilm")
+    parser.add_argument("--lr", default="2e-5")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--workdir", default="/tmp/gte_pro_bench_negatives")
+    parser.add_argument("--override", action="append", default=[], help="extra train.py override (repeatable)")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds per process before it is killed")
+    parser.add_argument("--json", help="write every run's result to this file (default: <workdir>/results.json)")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = parser.parse_args(argv)
+    args.seed_list = [int(s) for s in args.seeds.split(",")]
+    args.variant_list = args.variants.split(",")
+    unknown = sorted(set(args.variant_list) - set(VARIANTS))
+    if unknown:
+        parser.error(f"--variants: unknown {', '.join(unknown)}; valid choices: {', '.join(VARIANTS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    data = pydocs_set(args)
+    needs_mining = any(not v.startswith("inbatch") for v in args.variant_list)
+    commands = ([mine_command(args, data)] if needs_mining else []) + [
+        train_command(v, s, args, data) for s in args.seed_list for v in args.variant_list]
+    print("commands (in this order):\n" + "\n".join(shlex.join(c) for c in commands))
+    if args.dry_run:
+        return
+    mined = run(mine_command(args, data), Path(args.workdir) / "runs" / "mine.log", args) if needs_mining else None
+    # seed-major order: a benchmark cut short still has every variant at the first seeds
+    rows = [train_one(v, s, args, data, mined) for s in args.seed_list for v in args.variant_list]
+    table = summarize(rows, args.variant_list)
+    report(rows, table, args)
+    harness.write_json(args.json or str(Path(args.workdir) / "results.json"),
+                       {"settings": vars(args), "commands": [shlex.join(c) for c in commands], "mine": mined,
+                        "runs": rows, "table": table})
+
+
+if __name__ == "__main__":
+    main()
