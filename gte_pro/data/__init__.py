@@ -2,7 +2,9 @@
 
 - ``records``: reading, validating and cleaning (query, positive[, negatives]) rows; ``split``: the hash split.
 - ``cache``: the memory-mapped token cache; ``datasets``, ``collate``, ``sampling``: rows -> batches.
-- ``base``: the base Lightning data module; ``demo``, ``jsonl``, ``hf``, ``beir``: one module per source.
+- ``base``: the base Lightning data module; ``demo``, ``jsonl``, ``hf``, ``beir``: one module per source; ``mix``
+  (+ ``mix_sampling``): several sources in one run.
+- ``docstrings``: parsing docstrings with ``ast`` (``demo`` and ``pydocs``, the offline set of confusable API docs).
 """
 
 from gte_pro.data.records import DataError, Example
