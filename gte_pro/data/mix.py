@@ -192,7 +192,9 @@ class MixDataModule(ContrastiveDataModule):
         self.probabilities: dict[str, float] = {}
 
     def load_rows(self) -> tuple[list[Example], list[Example] | None, list[str]]:
-        raise NotImplementedError("a mix reads its rows through its sources (MixDataModule.sources)")
+        # the base class's single-cache path: a mix overrides prepare_data/setup and never takes it (each source
+        # builds its own token cache), so reaching here is a programming error, not a missing feature
+        raise RuntimeError("MixDataModule has no rows of its own: read them through MixDataModule.sources")
 
     def prepare_data(self) -> None:
         for name, source in self.sources.items():
