@@ -59,9 +59,13 @@ def build_trainer(cfg: DictConfig, callbacks: list[Callback], loggers: list[Logg
                        plugins=[AtomicCheckpointIO()])
 
 
+# the config parts a checkpoint carries, so that ContrastiveModule.load_from_checkpoint can rebuild the module
+MODULE_KEYS = ("model", "loss", "optimizer", "scheduler", "seed")
+
+
 def build_module(cfg: DictConfig, encoder: Encoder) -> ContrastiveModule:
     scheduler = cfg.get("scheduler")
-    return ContrastiveModule(
+    module = ContrastiveModule(
         encoder=encoder,
         loss=instantiate(cfg.loss),
         optimizer=instantiate(cfg.optimizer),
@@ -70,3 +74,12 @@ def build_module(cfg: DictConfig, encoder: Encoder) -> ContrastiveModule:
         warmup_ratio=scheduler.warmup_ratio if scheduler else 0.0,
         seed=cfg.seed,
     )
+    module.module_config = {key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key])
+                            else cfg[key] for key in MODULE_KEYS if key in cfg}
+    return module
+
+
+def module_from_config(config: dict[str, Any]) -> ContrastiveModule:
+    """A module built from a checkpoint's ``module_config`` (its weights still to be loaded)."""
+    cfg = OmegaConf.create(config)
+    return build_module(cfg, build_encoder(cfg))

@@ -95,6 +95,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "loss.temperature": number(0, open_low=True),
     "loss.mini_batch_size": integer(1, optional=True),
     "loss.max_skipped_steps": integer(0),
+    "loss.similarity": choice("cosine", "dot"),
     "data.batch_size": integer(2),
     "data.eval_batch_size": integer(1),
     "data.num_negatives": integer(0),
@@ -226,10 +227,23 @@ def _mix_problems(cfg: DictConfig) -> list[str]:
     return []
 
 
+def _lr_problems(cfg: DictConfig) -> list[str]:
+    """The learning rate has one source of truth, model.lr (sweeps and lr_find set it; the module hands it to the
+    optimizer): an optimizer.lr of another value would be silently replaced."""
+    optimizer_lr = OmegaConf.select(cfg, "optimizer.lr", default=None, throw_on_missing=False)
+    model_lr = OmegaConf.select(cfg, "model.lr", default=None, throw_on_missing=False)
+    if optimizer_lr is None or optimizer_lr == model_lr:
+        return []
+    return [f"optimizer.lr={optimizer_lr!r} differs from model.lr={model_lr!r}: the learning rate is model.lr "
+            f"alone (optimizer.lr follows it); set model.lr={optimizer_lr} instead"]
+
+
 def config_problems(cfg: DictConfig) -> list[str]:
     """Every problem of ``cfg`` as one line naming the key, its value and what is valid; [] for a good config."""
     unusable = _unset_or_unresolvable(cfg)
     problems = _absent_groups(cfg) + list(unusable.values()) + _mix_problems(cfg)
+    if "optimizer.lr" not in unusable and "model.lr" not in unusable:
+        problems += _lr_problems(cfg)
     for key, rule in {**RULES, **_source_rules(cfg)}.items():
         if key in unusable:
             continue

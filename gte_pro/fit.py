@@ -24,7 +24,7 @@ from gte_pro.builders import (
     instantiate_dict,
     seed_and_precision,
 )
-from gte_pro.evaluation.report import merge_results
+from gte_pro.evaluation.report import merge_results, optimized_value
 from gte_pro.evaluation.sets import attach_eval_sets
 from gte_pro.export.release import check_export_requirements, release
 from gte_pro.export.writers import export_sentence_transformers
@@ -119,8 +119,7 @@ def fit(cfg: DictConfig) -> float | None:
         failed = False
     finally:
         _finish_wandb(loggers, failed)
-    metric = cfg.get("optimized_metric")
-    return after.get(metric) if metric else None
+    return optimized_value(after, cfg.get("optimized_metric"))
 
 
 def _validate_before(trainer: Trainer, module: ContrastiveModule, datamodule: Any, output_dir: Path,
@@ -151,6 +150,8 @@ def _fit_validate_export(cfg: DictConfig, output_dir: Path, module: ContrastiveM
     elif cfg.get("lr_find"):
         suggested_lr = run_lr_find(trainer, module, datamodule, output_dir, cfg.get("lr_find_steps", 100))
     before = _validate_before(trainer, module, datamodule, output_dir, ckpt_path)
+    if before:
+        optimized_value(before, cfg.get("optimized_metric"))  # a wrong name fails now, not after training
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     rates = {k: float(v) for k, v in trainer.callback_metrics.items() if k.endswith("_per_s")}
     train_metrics = {**module.train_metrics(), **rates}

@@ -21,7 +21,7 @@ from torch import nn
 @dataclass
 class LossOutput:
     loss: torch.Tensor
-    scores: torch.Tensor  # (B_local, num_candidates) query-document cosine/dot scores, before temperature
+    scores: torch.Tensor  # (B_local, num_candidates) query-document scores (``similarity``), before temperature
     labels: torch.Tensor  # (B_local,) column of each query's positive in ``scores``
 
 
@@ -40,6 +40,9 @@ def split_documents(docs: torch.Tensor, batch_size: int,
     if not num_negatives:
         return positives, None
     return positives, docs[batch_size:].reshape(batch_size, num_negatives, -1)
+
+
+SIMILARITIES = ("cosine", "dot")
 
 
 def _distributed() -> bool:
@@ -68,13 +71,21 @@ class ContrastiveLoss(nn.Module):
     so that ``loss.*`` in the config describes the whole loss computation and ``instantiate(cfg.loss)`` keeps
     working wherever it is called. ``max_skipped_steps`` is read the same way: how many optimizer steps with a
     non-finite loss or gradient norm the training step skips before it stops the run (``gte_pro.guard``).
+
+    ``similarity="cosine"`` scores unit vectors whatever the encoder returns: a model whose files carry no
+    ``Normalize`` module (``model.normalize`` false) would otherwise train on raw dot products at a temperature
+    meant for cosines. ``"dot"`` scores the embeddings as they come.
     """
 
     def __init__(self, temperature: float = 0.05, gather_across_devices: bool = True,
-                 mini_batch_size: int | None = None, max_skipped_steps: int = 10) -> None:
+                 mini_batch_size: int | None = None, max_skipped_steps: int = 10,
+                 similarity: str = "cosine") -> None:
         super().__init__()
         if temperature <= 0:
             raise ValueError(f"loss.temperature must be > 0, got {temperature}")
+        if similarity not in SIMILARITIES:
+            raise ValueError(f"loss.similarity={similarity!r} is not valid; "
+                             f"valid choices: {', '.join(SIMILARITIES)}")
         if mini_batch_size is not None and mini_batch_size < 1:
             raise ValueError(f"loss.mini_batch_size must be >= 1 or null, got {mini_batch_size}")
         if max_skipped_steps < 0:
@@ -83,6 +94,13 @@ class ContrastiveLoss(nn.Module):
         self.gather_across_devices = bool(gather_across_devices)
         self.mini_batch_size = None if mini_batch_size is None else int(mini_batch_size)
         self.max_skipped_steps = int(max_skipped_steps)
+        self.similarity = similarity
+
+    def _scored(self, *embeddings: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        """The embeddings in the space they are scored in: unit length for cosine similarity."""
+        if self.similarity == "dot":
+            return embeddings
+        return tuple(None if x is None else F.normalize(x, dim=-1) for x in embeddings)
 
     def _gather(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
         return gather_with_grad(x) if self.gather_across_devices else (x, 0)
@@ -102,6 +120,7 @@ class InfoNCELoss(ContrastiveLoss):
     def forward(
         self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None = None
     ) -> LossOutput:
+        query, positive, negatives = self._scored(query, positive, negatives)
         candidates, offset = self._candidates(positive, negatives)
         scores = query @ candidates.T
         labels = torch.arange(query.shape[0], device=query.device) + offset
@@ -125,8 +144,8 @@ class GTELoss(ContrastiveLoss):
 
     def __init__(self, temperature: float = 0.02, mask_own_negatives: bool = False,
                  gather_across_devices: bool = True, mini_batch_size: int | None = None,
-                 max_skipped_steps: int = 10) -> None:
-        super().__init__(temperature, gather_across_devices, mini_batch_size, max_skipped_steps)
+                 max_skipped_steps: int = 10, similarity: str = "cosine") -> None:
+        super().__init__(temperature, gather_across_devices, mini_batch_size, max_skipped_steps, similarity)
         if not isinstance(mask_own_negatives, bool):
             raise ValueError(f"loss.mask_own_negatives must be true or false, got {mask_own_negatives!r}")
         self.mask_own_negatives = mask_own_negatives
@@ -134,6 +153,7 @@ class GTELoss(ContrastiveLoss):
     def forward(
         self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None = None
     ) -> LossOutput:
+        query, positive, negatives = self._scored(query, positive, negatives)
         candidates, offset = self._candidates(positive, negatives)
         queries_all, _ = self._gather(query)
         rows = torch.arange(query.shape[0], device=query.device)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import random
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,8 @@ from gte_pro.gradcache import cached_loss
 from gte_pro.guard import NonFiniteGuard
 from gte_pro.losses import ContrastiveLoss, LossOutput, split_documents
 from gte_pro.model import Encoder
+
+CONFIG_KEY = "gte_pro_module_config"
 
 
 def param_groups(model: torch.nn.Module) -> list[dict[str, Any]]:
@@ -66,6 +69,26 @@ class ContrastiveModule(LightningModule):
         # per validation dataloader: the signed ids and embeddings this rank computed
         self._val_ids: dict[int, list[torch.Tensor]] = {}
         self._val_embeddings: dict[int, list[torch.Tensor]] = {}
+        # the config parts it was built from (gte_pro.builders.build_module), saved with every checkpoint
+        self.module_config: dict[str, Any] = {}
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: str | Path, map_location: Any = "cpu",  # type: ignore[override]
+                             **_: Any) -> ContrastiveModule:
+        """The module of a gte-pro checkpoint (``<run>/checkpoints/*.ckpt``), rebuilt from the config it carries:
+        encoder (with the checkpoint's weights), loss and optimizer settings. Read with ``weights_only=True``."""
+        from gte_pro.builders import module_from_config  # builders imports this module
+
+        checkpoint = torch.load(checkpoint_path, map_location=map_location, weights_only=True)
+        config = checkpoint.get(CONFIG_KEY)
+        if not config:
+            raise ValueError(f"{checkpoint_path}: this checkpoint carries no '{CONFIG_KEY}' (written by gte-pro "
+                             "before load_from_checkpoint existed); resume its run instead: python train.py "
+                             "ckpt_path=...")
+        module = module_from_config(config)
+        module.load_state_dict(checkpoint["state_dict"])
+        module.on_load_checkpoint(checkpoint)
+        return module
 
     # --- training ---------------------------------------------------------------------------------------------
     @property
@@ -155,6 +178,7 @@ class ContrastiveModule(LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["gte_pro_train_metrics"] = self.train_metrics()
+        checkpoint[CONFIG_KEY] = self.module_config
         checkpoint["gte_pro_guard"] = self.guard.state_dict()  # a resumed run counts on towards the same limit
         # Lightning does not save a stop decision (early stopping): a run killed after it would train on
         checkpoint["gte_pro_should_stop"] = bool(self._trainer is not None and self.trainer.should_stop)

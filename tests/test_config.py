@@ -227,3 +227,21 @@ def test_optuna_preset_uses_the_optuna_sweeper(make_cfg):
         cfg = compose("train", overrides=["hparams_search=optuna"], return_hydra_config=True)
     assert "optuna" in cfg.hydra.sweeper._target_.lower() and cfg.hydra.sweeper.direction == "maximize"
     assert set(cfg.hydra.sweeper.params) == {"model.lr", "loss.temperature"}
+
+
+def test_the_learning_rate_has_one_source_of_truth(make_cfg):
+    from gte_pro.config_checks import ConfigError, check_config
+
+    cfg = make_cfg(["model.lr=1e-4"])
+    check_config(cfg)
+    assert cfg.optimizer.lr == cfg.model.lr == 1e-4  # optimizer.lr follows model.lr
+    with pytest.raises(ConfigError, match=r"optimizer.lr=0.001 differs from model.lr=.*: the learning rate is "
+                                          r"model.lr alone .*set model.lr=0.001 instead"):
+        check_config(make_cfg(["optimizer.lr=1e-3"]))
+
+
+def test_an_unknown_similarity_names_the_valid_ones(make_cfg):
+    from gte_pro.config_checks import ConfigError, check_config
+
+    with pytest.raises(ConfigError, match=r"loss.similarity='euclid': valid choices: cosine, dot"):
+        check_config(make_cfg(["loss.similarity=euclid"]))

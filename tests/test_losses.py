@@ -44,12 +44,13 @@ def reference_gte(q, pos, neg, tau, mask_own_negatives=False, double_count_posit
 
 
 def _check_against_reference(ours_fn, reference_fn, num_negatives: int, batch: int = 6, dim: int = 16) -> None:
-    q, pos = _unit(batch, dim, seed=1), _unit(batch, dim, seed=2)
-    neg = _unit(batch, num_negatives, dim, seed=3) if num_negatives else None
+    """Raw (not unit) embeddings in; the reference scores their cosines, so gradients pass through the norm."""
+    q, pos = _unit(batch, dim, seed=1) * 3, _unit(batch, dim, seed=2) * 0.5
+    neg = _unit(batch, num_negatives, dim, seed=3) * 2 if num_negatives else None
     inputs = [t for t in (q, pos, neg) if t is not None]
     ours = ours_fn(q, pos, neg).loss
     grads = torch.autograd.grad(ours, inputs)
-    ref = reference_fn(q, pos, neg)
+    ref = reference_fn(*(None if t is None else F.normalize(t, dim=-1) for t in (q, pos, neg)))
     ref_grads = torch.autograd.grad(ref, inputs)
     assert ours.item() == pytest.approx(ref.item(), rel=1e-6, abs=1e-8)
     for mine, theirs in zip(grads, ref_grads, strict=True):
@@ -106,6 +107,28 @@ def test_gte_loss_is_not_infonce():
     """The extra q->q, d->q and d->d terms must change the value (guards against a silent fallback)."""
     q, pos = _unit(5, 8, seed=4), _unit(5, 8, seed=5)
     assert GTELoss(0.05)(q, pos).loss.item() > InfoNCELoss(0.05)(q, pos).loss.item()
+
+
+@pytest.mark.parametrize("loss_cls", [InfoNCELoss, GTELoss])
+def test_cosine_scoring_ignores_how_long_the_embeddings_are(loss_cls):
+    """A model without a Normalize module hands the loss raw vectors: training must still score cosines."""
+    q, pos, neg = _unit(6, 8, seed=7), _unit(6, 8, seed=8), _unit(6, 2, 8, seed=9)
+    lengths = [torch.rand(*x.shape[:-1], 1, dtype=torch.float64, generator=torch.Generator().manual_seed(i)) * 9 + 1
+               for i, x in enumerate((q, pos, neg))]
+    raw = [x * length for x, length in zip((q, pos, neg), lengths, strict=True)]
+    cosine = loss_cls(temperature=0.05)(q, pos, neg)
+    scaled = loss_cls(temperature=0.05)(*raw)
+    assert scaled.loss.item() == pytest.approx(cosine.loss.item(), rel=1e-9)
+    torch.testing.assert_close(scaled.scores, cosine.scores)
+    # similarity=dot scores the raw vectors as they come: the same inputs give another loss
+    dot = loss_cls(temperature=0.05, similarity="dot")(*raw)
+    assert dot.loss.item() != pytest.approx(cosine.loss.item(), rel=1e-3)
+    assert loss_cls(temperature=0.05, similarity="dot")(q, pos, neg).loss.item() == pytest.approx(cosine.loss.item())
+
+
+def test_similarity_must_be_a_known_one():
+    with pytest.raises(ValueError, match=r"loss.similarity='euclidean' is not valid; valid choices: cosine, dot"):
+        InfoNCELoss(similarity="euclidean")
 
 
 def test_temperature_must_be_positive():

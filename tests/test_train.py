@@ -135,3 +135,24 @@ def test_a_failing_job_closes_its_wandb_run_as_failed(make_cfg, tmp_path: Path):
     assert wandb.run is None
     run_dir = next((tmp_path / "failed" / "wandb").glob("offline-run-*"))
     assert list(run_dir.glob("*.wandb"))  # the run was really started (and then closed)
+
+
+def test_load_from_checkpoint_rebuilds_the_module_with_its_weights(fast_run):
+    from gte_pro.model import Encoder
+    from gte_pro.module import ContrastiveModule
+
+    cfg, out, _ = fast_run
+    best = json.loads((out / "metrics.json").read_text())["best_checkpoint"]
+    module = ContrastiveModule.load_from_checkpoint(best)
+    assert cfg.loss._target_.endswith("." + type(module.loss).__name__)
+    assert module.lr == cfg.model.lr and module.seed == cfg.seed
+    exported = Encoder(str(out / "model"), max_length=cfg.data.max_length)  # the export holds the best weights
+    torch.testing.assert_close(module.encoder.encode(TEXTS), exported.encode(TEXTS), atol=1e-5, rtol=1e-4)
+
+
+def test_an_unknown_optimized_metric_fails_before_training(make_cfg, tmp_path):
+    cfg = make_cfg(["debug=fast", "logger=none", "optimized_metric=val/ndcg@11"], output_dir=tmp_path / "metric")
+    with pytest.raises(ValueError, match=r"optimized_metric='val/ndcg@11' is not a metric of this run; "
+                                         r"valid choices: .*val/ndcg@10"):
+        train(cfg)
+    assert not (tmp_path / "metric" / "checkpoints").exists()  # it stopped before the first step

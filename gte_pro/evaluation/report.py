@@ -16,6 +16,17 @@ def merge_results(results: Sequence[Mapping[str, Any]] | None) -> dict[str, floa
     return {key: float(value) for result in results or [] for key, value in result.items()}
 
 
+def optimized_value(metrics: Mapping[str, float], metric: str | None) -> float | None:
+    """``metrics[metric]``, the value a sweep optimises (``optimized_metric``; None: nothing to return). A name
+    that this run's validation does not log is an error naming the ones it does, not a silent None."""
+    if not metric:
+        return None
+    if metric not in metrics:
+        raise ValueError(f"optimized_metric={metric!r} is not a metric of this run; valid choices: "
+                         f"{', '.join(sorted(metrics))}")
+    return float(metrics[metric])
+
+
 def metrics_by_set(flat: Mapping[str, float] | None, prefix: str = "val/") -> dict[str, dict[str, float]]:
     """``{"val/ndcg@10": a, "val/scifact/ndcg@10": b}`` -> ``{"held-out": {"ndcg@10": a}, "scifact": {...}}``."""
     by_set: dict[str, dict[str, float]] = {}

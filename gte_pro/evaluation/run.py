@@ -19,7 +19,7 @@ from lightning.pytorch import LightningDataModule
 from omegaconf import DictConfig, OmegaConf
 
 from gte_pro.builders import build_datamodule, build_encoder, build_module, build_trainer, seed_and_precision
-from gte_pro.evaluation.report import HELD_OUT, merge_results, metrics_by_set, metrics_table
+from gte_pro.evaluation.report import HELD_OUT, merge_results, metrics_by_set, metrics_table, optimized_value
 from gte_pro.evaluation.sets import EvalDataModule, eval_set_specs, load_eval_sets
 from gte_pro.model import Encoder
 from gte_pro.utils.files import write_json_atomic, write_text_atomic
@@ -64,8 +64,7 @@ def evaluate(cfg: DictConfig) -> float | None:
     if trainer.is_global_zero:
         write_eval_report(output_dir, cfg, encoder, _set_details(cfg, datamodule), flat, seconds,
                           trainer.world_size)
-    metric = cfg.get("optimized_metric")
-    return flat.get(metric) if metric else None
+    return optimized_value(flat, cfg.get("optimized_metric"))
 
 
 def write_eval_report(output_dir: Path, cfg: DictConfig, encoder: Encoder, details: dict[str, dict[str, Any]],
