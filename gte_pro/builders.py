@@ -60,7 +60,7 @@ def build_trainer(cfg: DictConfig, callbacks: list[Callback], loggers: list[Logg
 
 
 # the config parts a checkpoint carries, so that ContrastiveModule.load_from_checkpoint can rebuild the module
-MODULE_KEYS = ("model", "loss", "optimizer", "scheduler", "seed")
+MODULE_KEYS = ("model", "loss", "optimizer", "scheduler", "seed", "eval")
 
 
 def build_module(cfg: DictConfig, encoder: Encoder) -> ContrastiveModule:
@@ -73,6 +73,7 @@ def build_module(cfg: DictConfig, encoder: Encoder) -> ContrastiveModule:
         scheduler=instantiate(scheduler.fn) if scheduler else None,
         warmup_ratio=scheduler.warmup_ratio if scheduler else 0.0,
         seed=cfg.seed,
+        eval_quantization=OmegaConf.select(cfg, "eval.quantization", default=None) or (),
     )
     module.module_config = {key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key])
                             else cfg[key] for key in MODULE_KEYS if key in cfg}

@@ -68,6 +68,15 @@ def choice(*options: Any) -> Callable[[Any], str | None]:
     return check
 
 
+def subset(*options: str) -> Callable[[Any], str | None]:
+    """A list of distinct ``options`` (possibly empty)."""
+    def check(value: Any) -> str | None:
+        if isinstance(value, list) and all(v in options for v in value) and len(set(value)) == len(value):
+            return None
+        return f"expected a list of distinct values of: {', '.join(options)}"
+    return check
+
+
 def _devices(value: Any) -> str | None:
     try:
         device_count(value)
@@ -126,6 +135,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "trainer.num_sanity_val_steps": integer(-1),
     "eval.batch_size": integer(1, optional=True),
     "eval.max_length": integer(1, optional=True),
+    "eval.quantization": subset("int8", "binary"),
     # mining (mode=mine); the cross-key rules (range_min < range_max) are gte_pro.mining.core.option_problems'
     "mine.num_negatives": integer(1),
     "mine.range_min": integer(0),

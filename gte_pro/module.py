@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ class ContrastiveModule(LightningModule):
         scheduler: Callable[..., Any] | None = None,
         warmup_ratio: float = 0.0,
         seed: int = 0,
+        eval_quantization: Sequence[str] = (),
     ) -> None:
         super().__init__()
         self.encoder = encoder
@@ -65,6 +66,7 @@ class ContrastiveModule(LightningModule):
         self.optimizer_factory = optimizer
         self.scheduler_factory = scheduler
         self.warmup_ratio = warmup_ratio
+        self.eval_quantization = tuple(eval_quantization)  # validation also ranks quantized embeddings
         self.lr = lr  # a plain attribute, so that Lightning's learning-rate finder can set it
         # per validation dataloader: the signed ids and embeddings this rank computed
         self._val_ids: dict[int, list[torch.Tensor]] = {}
@@ -206,7 +208,8 @@ class ContrastiveModule(LightningModule):
             embeddings = torch.cat(embeddings_by_loader.get(index)
                                    or [torch.empty(0, self.encoder.dim, device=self.device)])
             # each rank holds the distributed sampler's share: the corpus stays sharded, only top-k lists travel
-            metrics = evaluate_distributed(ids, embeddings, retrieval.relevant, len(retrieval.corpus))
+            metrics = evaluate_distributed(ids, embeddings, retrieval.relevant, len(retrieval.corpus),
+                                           self.eval_quantization)
             prefix = f"val/{name}/" if name else "val/"
             # every rank computed the same numbers from the same merged rankings: no reduction needed
             for metric, value in metrics.items():

@@ -245,3 +245,12 @@ def test_an_unknown_similarity_names_the_valid_ones(make_cfg):
 
     with pytest.raises(ConfigError, match=r"loss.similarity='euclid': valid choices: cosine, dot"):
         check_config(make_cfg(["loss.similarity=euclid"]))
+
+
+def test_eval_quantization_takes_the_known_precisions(make_cfg):
+    from gte_pro.config_checks import ConfigError, check_config
+
+    check_config(make_cfg(["eval.quantization=[int8,binary]"]))
+    with pytest.raises(ConfigError, match=r"eval.quantization=\['int4'\]: expected a list of distinct values of: "
+                                          r"int8, binary"):
+        check_config(make_cfg(["eval.quantization=[int4]"]))

@@ -94,11 +94,24 @@ def test_prefixes_from_the_model_config_reach_queries_and_documents(make_cfg, be
 
 
 def test_without_beir_sets_the_data_modules_held_out_split_is_evaluated(make_cfg, tmp_path: Path):
-    cfg = make_cfg(["mode=eval", "debug=fast"], output_dir=tmp_path / "heldout")
+    cfg = make_cfg(["mode=eval", "debug=fast", "eval.quantization=[int8,binary]"], output_dir=tmp_path / "heldout")
     value = train(cfg)
     report = json.loads((tmp_path / "heldout" / "metrics.json").read_text())
-    assert value == pytest.approx(report["sets"]["held-out"]["metrics"]["ndcg@10"])
+    metrics = report["sets"]["held-out"]["metrics"]
+    assert value == pytest.approx(metrics["ndcg@10"])
     assert report["sets"]["held-out"]["queries"] == 32
+    # quantized NDCG@10 next to float32's, in the json and the table
+    assert 0 <= metrics["ndcg@10_binary"] <= 1 and 0 <= metrics["ndcg@10_int8"] <= 1  # values: test_sharded_eval
+    header = next(line for line in (tmp_path / "heldout" / "metrics.md").read_text().splitlines()
+                  if line.startswith("| set"))
+    assert header.rstrip(" |").endswith("ndcg@10_int8 | ndcg@10_binary")
+
+
+def test_a_misspelt_optimized_metric_of_eval_mode_is_an_error(make_cfg, tmp_path: Path):
+    cfg = make_cfg(["mode=eval", "debug=fast", "optimized_metric=val/ndgc@10"], output_dir=tmp_path / "typo")
+    with pytest.raises(ValueError, match=r"optimized_metric='val/ndgc@10' is not a metric of this run; valid "
+                                         r"choices: .*val/ndcg@10"):
+        train(cfg)
 
 
 def test_unknown_mode_names_the_choices(make_cfg):

@@ -5,13 +5,22 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import DistributedSampler
 
-from gte_pro.evaluation.metrics import evaluate_distributed, evaluate_embeddings, owned_mask, rank_corpus, sharded_rank
+from gte_pro.evaluation.metrics import (
+    evaluate_distributed,
+    evaluate_embeddings,
+    owned_mask,
+    rank_corpus,
+    retrieval_metrics,
+    sharded_rank,
+)
+from gte_pro.evaluation.quantize import QUANTIZATIONS, int8_ranges, quantize
 from tests.conftest import free_port
 
 NUM_QUERIES, NUM_CORPUS, DIM = 40, 301, 16
@@ -47,7 +56,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     try:
         ids, embeddings = _share(rank, world)
         _, _, relevant = _problem()
-        metrics = evaluate_distributed(ids, embeddings, relevant, NUM_CORPUS)
+        metrics = evaluate_distributed(ids, embeddings, relevant, NUM_CORPUS, quantization=QUANTIZATIONS)
         # the ranking itself, from this rank's de-duplicated corpus shard
         queries, _, _ = _problem()
         keep = owned_mask(ids, NUM_QUERIES, NUM_CORPUS) & (ids < 0)
@@ -61,13 +70,17 @@ def test_two_processes_give_the_one_process_numbers(tmp_path: Path):
     queries, corpus, relevant = _problem()
     expected = evaluate_embeddings(queries, corpus, relevant)
     expected_ranking = rank_corpus(queries, corpus, 100)
+    one_process = evaluate_distributed(*_share(0, 1), relevant, NUM_CORPUS, quantization=QUANTIZATIONS)
+    assert {"ndcg@10_int8", "ndcg@10_binary"} <= set(one_process)
     mp.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     results = [torch.load(tmp_path / f"{rank}.pt", weights_only=False) for rank in range(2)]
     # each rank ranked only its half of the corpus, yet both hold the global ranking and the same metrics
     assert sum(r["shard"] for r in results) == NUM_CORPUS and max(r["shard"] for r in results) < 0.6 * NUM_CORPUS
     for result in results:
         assert torch.equal(result["ranked"], expected_ranking)
-        assert result["metrics"] == pytest.approx(expected, abs=1e-9)
+        assert {k: v for k, v in result["metrics"].items() if "_" not in k} == pytest.approx(expected, abs=1e-9)
+        # the int8 ranges are a min/max over both shards: the quantized numbers match one process's too
+        assert result["metrics"] == pytest.approx(one_process, abs=1e-9)
     assert 0.1 < expected["ndcg@10"] < 0.95  # a task with mistakes, so that a wrong merge would show
 
 
@@ -95,3 +108,44 @@ def test_a_text_that_no_rank_embedded_is_an_error():
     with pytest.raises(RuntimeError, match=f"embedded {NUM_QUERIES + NUM_CORPUS - 1} distinct texts, expected "
                                            f"{NUM_QUERIES + NUM_CORPUS}"):
         evaluate_distributed(ids, torch.cat([queries, corpus[:-1]]), relevant, NUM_CORPUS)
+
+
+def test_quantized_values_are_sentence_transformers_ones():
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    queries, corpus, _ = _problem()
+    ranges = int8_ranges(corpus)
+    for texts in (queries, corpus):
+        theirs = quantize_embeddings(texts.numpy(), "int8", calibration_embeddings=corpus.numpy())
+        assert torch.equal(quantize(texts, "int8", ranges), torch.from_numpy(theirs).float())
+        bits = np.unpackbits(quantize_embeddings(texts.numpy(), "ubinary"), axis=-1)[:, :DIM]
+        assert torch.equal(quantize(texts, "binary"), torch.from_numpy(bits).float() * 2 - 1)
+
+
+@pytest.mark.parametrize("precision", QUANTIZATIONS)
+def test_quantized_ndcg_is_that_of_the_peers_scoring(precision):
+    """int8: inner product of the int8 vectors; binary: Hamming distance (ties by lower index in both)."""
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    queries, corpus, relevant = _problem()
+    if precision == "int8":
+        q8, c8 = (quantize_embeddings(x.numpy(), "int8", calibration_embeddings=corpus.numpy()).astype(np.int64)
+                  for x in (queries, corpus))
+        scores = torch.from_numpy(q8 @ c8.T).double()
+    else:
+        q1, c1 = (quantize_embeddings(x.numpy(), "ubinary") for x in (queries, corpus))
+        hamming = np.unpackbits(q1[:, None, :] ^ c1[None, :, :], axis=-1).sum(-1)
+        scores = -torch.from_numpy(hamming).double()
+    # best score first, equal scores by ascending corpus index
+    ranked = torch.tensor([sorted(range(NUM_CORPUS), key=lambda j, row=row: (-row[j], j))[:10]
+                           for row in scores.tolist()])
+    expected = retrieval_metrics(ranked, relevant)["ndcg@10"]
+    ids = torch.cat([torch.arange(NUM_QUERIES), -torch.arange(NUM_CORPUS) - 1])
+    ours = evaluate_distributed(ids, torch.cat([queries, corpus]), relevant, NUM_CORPUS, quantization=[precision])
+    assert ours[f"ndcg@10_{precision}"] == pytest.approx(expected, abs=1e-12)
+    assert ours[f"ndcg@10_{precision}"] != pytest.approx(ours["ndcg@10"], abs=1e-6)  # quantization costs something
+
+
+def test_an_unknown_precision_names_the_valid_ones():
+    with pytest.raises(ValueError, match=r"eval.quantization: 'int4' is not valid; valid choices: int8, binary"):
+        quantize(torch.ones(2, 3), "int4")

@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from gte_pro.evaluation.quantize import int8_ranges, quantize
+
 if TYPE_CHECKING:  # the data package imports this module
     from gte_pro.data.records import Example
 
@@ -68,13 +70,19 @@ class RetrievalSet:
         return cls(list(query_index), list(corpus_index), relevant)
 
 
-def _top_candidates(query_emb: torch.Tensor, corpus_emb: torch.Tensor, k: int,
-                    max_scores_per_chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scores, indices), each (Q, k), of the k best corpus rows per query; queries in chunks to bound memory."""
+def _top_candidates(query_emb: torch.Tensor, corpus_emb: torch.Tensor, k: int, max_scores_per_chunk: int,
+                    tie_break: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scores, indices), each (Q, k), of the k best corpus rows per query; queries in chunks to bound memory.
+
+    ``tie_break`` (float64, one per corpus row, in [0, 1)): for integer scores (quantized embeddings, where ties
+    are common): each score becomes ``score + tie_break``, exact in float64, so equal scores are ordered by it."""
     chunk = max(1, max_scores_per_chunk // max(corpus_emb.shape[0], 1))
     values, indices = [], []
     for start in range(0, query_emb.shape[0], chunk):
-        v, i = (query_emb[start : start + chunk] @ corpus_emb.T).topk(k, dim=1)
+        scores = query_emb[start : start + chunk] @ corpus_emb.T
+        if tie_break is not None:
+            scores = scores + tie_break
+        v, i = scores.topk(k, dim=1)
         values.append(v)
         indices.append(i)
     return torch.cat(values), torch.cat(indices)
@@ -152,14 +160,21 @@ def owned_mask(ids: torch.Tensor, num_queries: int, num_corpus: int) -> torch.Te
 
 
 def sharded_rank(query_emb: torch.Tensor, shard_emb: torch.Tensor, shard_index: torch.Tensor, num_corpus: int,
-                 top_k: int, max_scores_per_chunk: int = 1 << 24) -> torch.Tensor:
+                 top_k: int, max_scores_per_chunk: int = 1 << 24, cosine: bool = True) -> torch.Tensor:
     """``rank_corpus`` over a corpus split across ranks: every rank ranks its own shard, then the per-rank top-k
     lists (scores + global indices, Q x k each) are gathered and merged. Needs all queries on every rank.
 
     ``shard_index`` holds the global corpus index of each row of ``shard_emb``; shards must not overlap.
+    ``cosine`` false: rank by the inner product of integer-valued vectors as given (quantized embeddings), in
+    float64 with ties broken by index exactly, however many there are.
     """
-    query_emb = F.normalize(query_emb.float(), dim=-1)
-    shard_emb = F.normalize(shard_emb.float(), dim=-1)
+    tie_break = None
+    if cosine:
+        query_emb, shard_emb = F.normalize(query_emb.float(), dim=-1), F.normalize(shard_emb.float(), dim=-1)
+    else:
+        query_emb, shard_emb = query_emb.double(), shard_emb.double()
+        # the lower global index wins a tie; integer scores stay exact below 2**53
+        tie_break = (num_corpus - shard_index.to(shard_emb.device).double()) / (num_corpus + 1)
     top_k = min(top_k, num_corpus)
     width = min(top_k + _TIE_SPARE, num_corpus)
     local = min(width, shard_emb.shape[0])
@@ -167,17 +182,18 @@ def sharded_rank(query_emb: torch.Tensor, shard_emb: torch.Tensor, shard_index: 
     values = query_emb.new_full((query_emb.shape[0], width), float("-inf"))
     indices = torch.full_like(values, num_corpus, dtype=torch.long)
     if local:
-        v, i = _top_candidates(query_emb, shard_emb, local, max_scores_per_chunk)
+        v, i = _top_candidates(query_emb, shard_emb, local, max_scores_per_chunk, tie_break)
         values[:, :local], indices[:, :local] = v, shard_index.to(i.device)[i]
     return _order_candidates(_gather_columns(values), _gather_columns(indices), top_k)
 
 
 def evaluate_distributed(ids: torch.Tensor, embeddings: torch.Tensor, relevant: Sequence[set[int]],
-                         num_corpus: int) -> dict[str, float]:
+                         num_corpus: int, quantization: Sequence[str] = ()) -> dict[str, float]:
     """Metrics from this rank's share of (signed id, embedding) rows; every rank returns the same numbers.
 
     Queries (small) are gathered to every rank; the corpus (large) stays sharded and only top-k lists travel.
-    With one process this is ``evaluate_embeddings``.
+    With one process this is ``evaluate_embeddings``. Each of ``quantization`` (``gte_pro.evaluation.quantize``)
+    adds ``ndcg@10_<precision>``: the same retrieval over quantized embeddings.
     """
     num_queries = len(relevant)
     keep = owned_mask(ids, num_queries, num_corpus)
@@ -187,8 +203,15 @@ def evaluate_distributed(ids: torch.Tensor, embeddings: torch.Tensor, relevant: 
     query_rows, _ = all_gather_rows(embeddings[is_query])
     query_emb = embeddings.new_zeros((num_queries, embeddings.shape[-1]))
     query_emb[query_ids] = query_rows
-    ranked = sharded_rank(query_emb, embeddings[~is_query], -ids[~is_query] - 1, num_corpus, TOP_K)
-    return retrieval_metrics(ranked.cpu(), relevant)
+    shard, shard_index = embeddings[~is_query], -ids[~is_query] - 1
+    metrics = retrieval_metrics(sharded_rank(query_emb, shard, shard_index, num_corpus, TOP_K).cpu(), relevant)
+    for precision in quantization:
+        ranges = int8_ranges(shard) if precision == "int8" else None
+        ranked = sharded_rank(quantize(query_emb, precision, ranges), quantize(shard, precision, ranges),
+                              shard_index, num_corpus, max(NDCG_AT), cosine=False)
+        for k in NDCG_AT:
+            metrics[f"ndcg@{k}_{precision}"] = retrieval_metrics(ranked.cpu(), relevant)[f"ndcg@{k}"]
+    return metrics
 
 
 def _dcg(relevances: Sequence[int], k: int) -> float:

@@ -48,11 +48,15 @@ def metrics_table(after: Mapping[str, float] | None, before: Mapping[str, float]
     columns = ["set"] + (["queries", "docs"] if sizes else []) + ["ndcg@10"]
     columns += ["ndcg@10 before"] if old else []
     columns += [m for m in METRICS if m != "ndcg@10"]
+    # eval.quantization: NDCG@10 of the quantized embeddings (ndcg@10_int8, ...), in the order they were logged
+    quantized = list(dict.fromkeys(m for values in rows.values() for m in values if m.startswith("ndcg@10_")))
+    columns += quantized
     table = []
     for name, values in rows.items():
         cells: list[Any] = [name] + (list(sizes.get(name, (None, None))) if sizes else [])
         cells.append(values.get("ndcg@10"))
         cells += [old.get(name, {}).get("ndcg@10")] if old else []
         cells += [values.get(m) for m in METRICS if m != "ndcg@10"]
+        cells += [values.get(m) for m in quantized]
         table.append(cells)
     return markdown_table(columns, table, numeric=[False] + [True] * (len(columns) - 1))

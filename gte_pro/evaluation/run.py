@@ -64,7 +64,10 @@ def evaluate(cfg: DictConfig) -> float | None:
     if trainer.is_global_zero:
         write_eval_report(output_dir, cfg, encoder, _set_details(cfg, datamodule), flat, seconds,
                           trainer.world_size)
-    return optimized_value(flat, cfg.get("optimized_metric"))
+    metric = cfg.get("optimized_metric")
+    if metric and metric.count("/") == 1 and HELD_OUT not in metrics_by_set(flat):
+        return None  # only named sets (eval.beir) were evaluated: there is no held-out val/<metric> to return
+    return optimized_value(flat, metric)
 
 
 def write_eval_report(output_dir: Path, cfg: DictConfig, encoder: Encoder, details: dict[str, dict[str, Any]],
