@@ -34,7 +34,7 @@ def build_encoder(cfg: DictConfig) -> Encoder:
 
 def seed_and_precision(cfg: DictConfig) -> None:
     """Every run starts here: the seeded RNGs (data order, dropout, heads) and the fp32 matmul precision."""
-    seed_everything(cfg.seed, workers=True)
+    seed_everything(cfg.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision(cfg.get("matmul_precision", "high"))
 
 
@@ -59,28 +59,11 @@ def build_trainer(cfg: DictConfig, callbacks: list[Callback], loggers: list[Logg
                        plugins=[AtomicCheckpointIO()])
 
 
-# the config parts a checkpoint carries, so that ContrastiveModule.load_from_checkpoint can rebuild the module
-MODULE_KEYS = ("model", "loss", "optimizer", "scheduler", "seed", "eval")
+def module_config(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved parts of ``cfg`` that describe the Lightning module (saved with every checkpoint)."""
+    return {key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key]
+            for key in ContrastiveModule.CONFIG_KEYS if key in cfg}
 
 
 def build_module(cfg: DictConfig, encoder: Encoder) -> ContrastiveModule:
-    scheduler = cfg.get("scheduler")
-    module = ContrastiveModule(
-        encoder=encoder,
-        loss=instantiate(cfg.loss),
-        optimizer=instantiate(cfg.optimizer),
-        lr=cfg.model.lr,
-        scheduler=instantiate(scheduler.fn) if scheduler else None,
-        warmup_ratio=scheduler.warmup_ratio if scheduler else 0.0,
-        seed=cfg.seed,
-        eval_quantization=OmegaConf.select(cfg, "eval.quantization", default=None) or (),
-    )
-    module.module_config = {key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key])
-                            else cfg[key] for key in MODULE_KEYS if key in cfg}
-    return module
-
-
-def module_from_config(config: dict[str, Any]) -> ContrastiveModule:
-    """A module built from a checkpoint's ``module_config`` (its weights still to be loaded)."""
-    cfg = OmegaConf.create(config)
-    return build_module(cfg, build_encoder(cfg))
+    return ContrastiveModule.from_config(module_config(cfg), encoder)

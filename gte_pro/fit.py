@@ -24,13 +24,14 @@ from gte_pro.builders import (
     instantiate_dict,
     seed_and_precision,
 )
-from gte_pro.evaluation.report import merge_results, optimized_value
+from gte_pro.evaluation.report import merge_results, metrics_table, optimized_value
 from gte_pro.evaluation.sets import attach_eval_sets
 from gte_pro.export.release import check_export_requirements, release
 from gte_pro.export.writers import export_sentence_transformers
 from gte_pro.launch.preemption import PreemptionCheckpoint, under_submitit
 from gte_pro.launch.resume import check_resumed_config, resume_checkpoint
 from gte_pro.mining.remine import RemineNegatives, remine_callback
+from gte_pro.model import Encoder
 from gte_pro.module import ContrastiveModule
 from gte_pro.utils.files import remove_stale_temporaries, write_json_atomic
 from gte_pro.utils.secrets import redact_secrets
@@ -105,6 +106,7 @@ def fit(cfg: DictConfig) -> float | None:
     datamodule = build_datamodule(cfg, encoder.tokenizer, encoder.query_prefix, encoder.doc_prefix)
     attach_eval_sets(datamodule, cfg)  # eval.beir: validated (and logged) next to the held-out split
     module = build_module(cfg, encoder)
+    _log_parameters(encoder)
     callbacks = instantiate_dict(cfg.get("callbacks"))
     if under_submitit():
         callbacks.append(PreemptionCheckpoint(output_dir))
@@ -120,6 +122,12 @@ def fit(cfg: DictConfig) -> float | None:
     finally:
         _finish_wandb(loggers, failed)
     return optimized_value(after, cfg.get("optimized_metric"))
+
+
+def _log_parameters(encoder: Encoder) -> None:
+    total = sum(p.numel() for p in encoder.parameters())
+    trainable = sum(p.numel() for p in encoder.parameters() if p.requires_grad)
+    log.info("encoder: %.1f M parameters, %.1f M trainable", total / 1e6, trainable / 1e6)
 
 
 def _validate_before(trainer: Trainer, module: ContrastiveModule, datamodule: Any, output_dir: Path,
@@ -186,4 +194,5 @@ def _export_and_record(cfg: DictConfig, output_dir: Path, module: ContrastiveMod
     # raises (failing the run) if an export does not reproduce the module
     summary["exports"] = release(module.encoder, output_dir, cfg, summary, fresh=lambda: build_encoder(cfg))
     write_json_atomic(output_dir / "metrics.json", summary)
-    print(f"metrics: {output_dir / 'metrics.json'}\nmodel:   {model_dir}")
+    print(f"\n{metrics_table(summary['val'], summary['val_before'])}\nmetrics: {output_dir / 'metrics.json'}\n"
+          f"model:   {model_dir}")

@@ -142,9 +142,12 @@ class Encoder(nn.Module):
             detected_pooling, detected_normalize = detect_pooling(self.name_or_path)
         # from_pretrained returns the model in eval mode; train with dropout like the peers do
         self.backbone.train()
+        # BERT's pooler (a dense layer on [CLS]) is not used by any pooling mode here; leaving it in makes DDP wait
+        # for gradients that never come. It is kept aside (not a submodule: no checkpoint or optimizer sees it) and
+        # put back for save(), so that an export loads without transformers' "pooler ... MISSING" report
+        self._spare_pooler: list[nn.Module] = []
         if isinstance(getattr(self.backbone, "pooler", None), nn.Module):
-            # BERT's pooler (a dense layer on [CLS]) is not used by any pooling mode here; leaving it in makes
-            # DDP wait for gradients that never come (and costs memory)
+            self._spare_pooler.append(self.backbone.pooler)
             self.backbone.pooler = None
         self.pooling = pooling or detected_pooling or "mean"
         if self.pooling not in POOLING_MODES:
@@ -202,7 +205,14 @@ class Encoder(nn.Module):
         return out
 
     def save(self, folder: str | Path) -> None:
-        """Write backbone and tokenizer in Hugging Face layout (``from_pretrained`` can read it)."""
-        self.backbone.save_pretrained(str(folder), safe_serialization=True)
+        """Write backbone and tokenizer in Hugging Face layout (``from_pretrained`` can read it), with the
+        checkpoint's own (untrained, unused) pooler, so that the architecture's every weight is there."""
+        if self._spare_pooler:
+            self.backbone.pooler = self._spare_pooler[0].to(next(self.backbone.parameters()).device)
+        try:
+            self.backbone.save_pretrained(str(folder), safe_serialization=True)
+        finally:
+            if self._spare_pooler:
+                self.backbone.pooler = None
         self.tokenizer.save_pretrained(str(folder))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -12,7 +13,7 @@ import numpy as np
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.strategies import FSDPStrategy
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 
 from gte_pro.evaluation.metrics import evaluate_distributed
 from gte_pro.gradcache import cached_loss
@@ -21,6 +22,7 @@ from gte_pro.losses import ContrastiveLoss, LossOutput, split_documents
 from gte_pro.model import Encoder
 
 CONFIG_KEY = "gte_pro_module_config"
+log = logging.getLogger(__name__)
 
 
 def param_groups(model: torch.nn.Module) -> list[dict[str, Any]]:
@@ -44,6 +46,9 @@ def build_scheduler(factory: Callable[..., Any], optimizer: torch.optim.Optimize
 
 
 class ContrastiveModule(LightningModule):
+    # the config groups a module is built from (``from_config``), saved with every checkpoint
+    CONFIG_KEYS = ("model", "loss", "optimizer", "scheduler", "seed", "eval")
+
     def __init__(
         self,
         encoder: Encoder,
@@ -75,19 +80,39 @@ class ContrastiveModule(LightningModule):
         self.module_config: dict[str, Any] = {}
 
     @classmethod
+    def from_config(cls, config: dict[str, Any], encoder: Encoder | None = None) -> ContrastiveModule:
+        """The module that a run's resolved config parts (``CONFIG_KEYS``) describe; ``encoder``: one already built
+        from ``config["model"]`` (None: build it). The parts are kept and saved with every checkpoint."""
+        from hydra.utils import instantiate
+
+        if encoder is None:
+            encoder = instantiate({key: value for key, value in config["model"].items() if key != "lr"})
+        scheduler = config.get("scheduler")
+        module = cls(
+            encoder=encoder,
+            loss=instantiate(config["loss"]),
+            optimizer=instantiate(config["optimizer"]),
+            lr=config["model"]["lr"],
+            scheduler=instantiate(scheduler["fn"]) if scheduler else None,
+            warmup_ratio=scheduler["warmup_ratio"] if scheduler else 0.0,
+            seed=config["seed"],
+            eval_quantization=(config.get("eval") or {}).get("quantization") or (),
+        )
+        module.module_config = config
+        return module
+
+    @classmethod
     def load_from_checkpoint(cls, checkpoint_path: str | Path, map_location: Any = "cpu",  # type: ignore[override]
                              **_: Any) -> ContrastiveModule:
         """The module of a gte-pro checkpoint (``<run>/checkpoints/*.ckpt``), rebuilt from the config it carries:
         encoder (with the checkpoint's weights), loss and optimizer settings. Read with ``weights_only=True``."""
-        from gte_pro.builders import module_from_config  # builders imports this module
-
         checkpoint = torch.load(checkpoint_path, map_location=map_location, weights_only=True)
         config = checkpoint.get(CONFIG_KEY)
         if not config:
             raise ValueError(f"{checkpoint_path}: this checkpoint carries no '{CONFIG_KEY}' (written by gte-pro "
                              "before load_from_checkpoint existed); resume its run instead: python train.py "
                              "ckpt_path=...")
-        module = module_from_config(config)
+        module = cls.from_config(config)
         module.load_state_dict(checkpoint["state_dict"])
         module.on_load_checkpoint(checkpoint)
         return module
@@ -117,11 +142,10 @@ class ContrastiveModule(LightningModule):
         if self.mini_batch_size:
             # a deliberate combination (optimizer batch = accumulate x data.batch_size, in the memory of
             # mini_batch_size texts): say what it does, without a warning
-            rank_zero_info(
-                f"trainer.accumulate_grad_batches={accumulate} with loss.mini_batch_size={self.mini_batch_size}: "
-                f"each optimizer step averages {accumulate} cached contrastive batches of data.batch_size; each "
-                "query's negatives come from its own batch only."
-            )
+            if self.trainer.is_global_zero:  # gte-pro's own log: Lightning's info lines are left out (utils/quiet)
+                log.info("trainer.accumulate_grad_batches=%d with loss.mini_batch_size=%d: each optimizer step "
+                         "averages %d cached contrastive batches of data.batch_size; each query's negatives come "
+                         "from its own batch only.", accumulate, self.mini_batch_size, accumulate)
             return
         rank_zero_warn(
             f"trainer.accumulate_grad_batches={accumulate} averages the gradients of {accumulate} batches, but "

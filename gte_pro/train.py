@@ -14,6 +14,7 @@ from gte_pro.evaluation.run import evaluate
 from gte_pro.fit import fit
 from gte_pro.launch.environment import job_scope
 from gte_pro.mining.run import mine
+from gte_pro.utils.quiet import quiet_third_party
 
 MODES = {"train": fit, "eval": evaluate, "mine": mine}
 
@@ -24,6 +25,7 @@ def train(cfg: DictConfig) -> float | None:
     mode = cfg.get("mode", "train")
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is not valid; valid choices: {', '.join(MODES)}")
+    quiet_third_party()  # the log keeps what a user can act on (gte_pro.utils.quiet)
     check_config(cfg)  # a wrong type or range fails here, naming the key, not as a TypeError deep inside
     with job_scope(cfg.devices):
         return MODES[mode](cfg)

@@ -237,7 +237,7 @@ def test_accumulating_batches_warns_once_that_it_adds_no_negatives(caplog):
         # with the cached loss, accumulation is a deliberate way to a larger optimizer batch: said, not warned
         cached = ContrastiveModule(encoder=torch.nn.Identity(), loss=InfoNCELoss(mini_batch_size=8),
                                    optimizer=torch.optim.SGD, lr=0.1)
-        cached.trainer = SimpleNamespace(accumulate_grad_batches=2)
+        cached.trainer = SimpleNamespace(accumulate_grad_batches=2, is_global_zero=True)
         with caplog.at_level(logging.INFO):
             cached.on_fit_start()
     assert "averages 2 cached contrastive batches" in caplog.text

@@ -271,3 +271,13 @@ def test_a_mismatching_export_fails_the_run(make_cfg, tmp_path, monkeypatch, pai
                     "data.val_fraction=0.2", "export.hf=true"], output_dir=tmp_path / "bad")
     with pytest.raises(ExportMismatchError, match="Hugging Face export does not reproduce the module"):
         train(cfg)
+
+
+@pytest.mark.parametrize("folder", ["model", "hf"])
+def test_exports_load_with_every_weight_of_their_architecture(release_run, folder):
+    """No "pooler ... MISSING, newly initialized" report for a user who loads the export with AutoModel."""
+    from transformers import AutoModel
+
+    _, run, _ = release_run
+    _, info = AutoModel.from_pretrained(str(run / folder), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
