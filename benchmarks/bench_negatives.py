@@ -7,6 +7,7 @@ Usage::
     python benchmarks/bench_negatives.py [--seeds 1,2,3] [--variants inbatch-infonce,mined-gte,...]
         [--max-train 2000] [--max-test 500] [--epochs 2 | --steps N] [--negatives 1] [--model minilm]
         [--workdir /tmp/gte_pro_bench_negatives] [--override key=value ...] [--timeout S] [--json FILE] [--dry-run]
+        [--reuse]
 
 Every run is ``python train.py`` in a fresh process with the same overrides (model=minilm data=jsonl
 data.train_file=<pydocs>/train.jsonl eval.beir=[<pydocs>/beir] model.lr=2e-5 data.batch_size=32
@@ -86,6 +87,17 @@ def train_command(variant: str, seed: int, args: argparse.Namespace, data: Path)
             f"loss={loss}", *extra, f"seed={seed}", f"hydra.run.dir={run_dir(variant, seed, args)}"]
 
 
+def mine_once(args: argparse.Namespace, data: Path) -> Result:
+    """The mined file (``--reuse``: the one already there, if the mining command was the same)."""
+    command, record = mine_command(args, data), Path(args.workdir) / "runs" / "mine.json"
+    if args.reuse and record.is_file() and json.loads(record.read_text()).get("command") == command:
+        return json.loads(record.read_text())["result"]
+    result = run(command, Path(args.workdir) / "runs" / "mine.log", args)
+    if "error" not in result:
+        record.write_text(json.dumps({"command": command, "result": result}, default=str) + "\n")
+    return result
+
+
 def run_dir(variant: str, seed: int, args: argparse.Namespace) -> Path:
     return Path(args.workdir) / "runs" / variant / f"seed{seed}"
 
@@ -109,11 +121,17 @@ def train_one(variant: str, seed: int, args: argparse.Namespace, data: Path, min
     if not variant.startswith("inbatch") and mined is not None and "error" in mined:
         return {**row, "error": f"mining failed: {mined['error']}"}
     folder = run_dir(variant, seed, args)
+    command = train_command(variant, seed, args, data)
+    record = folder.with_suffix(".json")  # the command and its result, for --reuse
+    if args.reuse and record.is_file() and json.loads(record.read_text()).get("command") == command:
+        print(f"reused: {variant} seed {seed} ({record})", file=sys.stderr, flush=True)
+        return json.loads(record.read_text())["result"]
     shutil.rmtree(folder, ignore_errors=True)  # a fresh run, never a resumed one
-    result = run(train_command(variant, seed, args, data), folder.with_suffix(".log"), args)
-    if "error" in result:
-        return {**row, **result}
-    return {**row, **result, **read_ndcg(folder, (data / "beir").name)}
+    result = run(command, folder.with_suffix(".log"), args)
+    result = {**row, **result} if "error" in result else {**row, **result, **read_ndcg(folder, (data / "beir").name)}
+    if "error" not in result:
+        record.write_text(json.dumps({"command": command, "result": result}, default=str) + "\n")
+    return result
 
 
 def summarize(rows: list[Result], variants: list[str]) -> list[Result]:
@@ -191,6 +209,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=None, help="seconds per process before it is killed")
     parser.add_argument("--json", help="write every run's result to this file (default: <workdir>/results.json)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep the result of a run (and the mined file) whose command is unchanged: a benchmark "
+                             "cut short, or extended by seeds or variants, only runs what is missing")
     args = parser.parse_args(argv)
     args.seed_list = [int(s) for s in args.seeds.split(",")]
     args.variant_list = args.variants.split(",")
@@ -209,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     print("commands (in this order):\n" + "\n".join(shlex.join(c) for c in commands))
     if args.dry_run:
         return
-    mined = run(mine_command(args, data), Path(args.workdir) / "runs" / "mine.log", args) if needs_mining else None
+    mined = mine_once(args, data) if needs_mining else None
     # seed-major order: a benchmark cut short still has every variant at the first seeds
     rows = [train_one(v, s, args, data, mined) for s in args.seed_list for v in args.variant_list]
     table = summarize(rows, args.variant_list)
