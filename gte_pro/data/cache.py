@@ -31,6 +31,7 @@ from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.records import Example
 from gte_pro.utils.files import fsync_tree, make_folder, temporary_sibling, write_error
+from gte_pro.utils.progress import Progress
 
 # 2: texts are cut at 100,000 characters when cleaned (gte_pro.data.records): older caches are rebuilt
 FORMAT_VERSION = 2
@@ -112,6 +113,7 @@ def write_tokenized(rows: Iterable[Example], path: Path, tokenizer: PreTrainedTo
     of reading ``rows`` propagate as they are.
     """
     tokenize = _Tokenize(tokenizer, max_length)
+    progress = Progress("tokenizing", unit="rows")
     with _writing(path):
         sink = pa.OSFile(str(path), "wb")
     count = 0
@@ -123,9 +125,11 @@ def write_tokenized(rows: Iterable[Example], path: Path, tokenizer: PreTrainedTo
             with _writing(path):
                 writer.write_batch(batch)
             count += len(chunk)
+            progress.update(count)
         with _writing(path):
             writer.close()
             sink.close()
+        progress.finish(count)
     finally:
         if not sink.closed:  # after a failure: release the file (the caller removes its folder)
             with contextlib.suppress(OSError):

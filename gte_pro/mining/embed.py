@@ -24,11 +24,9 @@ from gte_pro.data.datasets import token_lengths
 from gte_pro.evaluation.metrics import all_gather_rows
 from gte_pro.mining.core import MinedNegatives, MiningOptions, mine_negatives
 from gte_pro.model import Encoder
+from gte_pro.utils.progress import Progress
 
 log = logging.getLogger(__name__)
-
-PROGRESS_EVERY_S = 10.0
-
 
 def shard_batches(lengths: Sequence[int], texts: Sequence[str], batch_size: int, rank: int,
                   world_size: int) -> list[list[int]]:
@@ -36,31 +34,6 @@ def shard_batches(lengths: Sequence[int], texts: Sequence[str], batch_size: int,
     order = sorted(range(len(texts)), key=lambda i: (lengths[i], len(texts[i])), reverse=True)  # stable
     batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
     return batches[rank::world_size]
-
-
-class _Progress:
-    """An INFO line every PROGRESS_EVERY_S seconds on rank 0: texts done of this rank's share, rate, ETA."""
-
-    def __init__(self, total: int, rank: int, world_size: int, what: str) -> None:
-        self.total, self.what, self.quiet = total, what, rank != 0
-        self.world_size = world_size
-        self.start = self.last = time.perf_counter()
-
-    def update(self, done: int) -> None:
-        now = time.perf_counter()
-        if self.quiet or now - self.last < PROGRESS_EVERY_S:
-            return
-        self.last = now
-        rate = done / max(now - self.start, 1e-9)
-        share = f" (rank 0's share of {self.world_size} ranks)" if self.world_size > 1 else ""
-        log.info("embedding %s: %d / %d texts%s, %.0f texts/s, ETA %.0f s", self.what, done, self.total, share,
-                 rate, (self.total - done) / max(rate, 1e-9))
-
-    def finish(self) -> None:
-        if not self.quiet:
-            seconds = time.perf_counter() - self.start
-            log.info("embedded %d %s in %.1f s (%.0f texts/s%s)", self.total, self.what, seconds,
-                     self.total / max(seconds, 1e-9), " on rank 0" if self.world_size > 1 else "")
 
 
 def embed_texts(encoder: Encoder, texts: Sequence[str], batch_size: int, max_length: int, rank: int = 0,
@@ -75,7 +48,8 @@ def embed_texts(encoder: Encoder, texts: Sequence[str], batch_size: int, max_len
     collate = EvalCollator(encoder.tokenizer, max_length)
     batches = shard_batches(token_lengths(encoder.tokenizer, texts, max_length), texts, batch_size, rank, world_size)
     device = next(encoder.parameters()).device
-    progress = _Progress(sum(map(len, batches)), rank, world_size, what)
+    share = f" (rank 0's share of {world_size} ranks)" if world_size > 1 else ""
+    progress = Progress(f"embedding {what}", sum(map(len, batches)), quiet=rank != 0, note=share)
     parts, done, was_training = [], 0, encoder.training
     encoder.eval()
     try:
