@@ -33,6 +33,7 @@ from gte_pro.launch.resume import check_resumed_config, resume_checkpoint
 from gte_pro.mining.remine import RemineNegatives, remine_callback
 from gte_pro.model import Encoder
 from gte_pro.module import ContrastiveModule
+from gte_pro.plots import plot_run
 from gte_pro.utils.files import remove_stale_temporaries, write_json_atomic
 from gte_pro.utils.secrets import redact_secrets
 
@@ -124,6 +125,17 @@ def fit(cfg: DictConfig) -> float | None:
     return optimized_value(after, cfg.get("optimized_metric"))
 
 
+def _plot_curves(output_dir: Path) -> None:
+    """``curves.png`` from the CSV log; a plotting failure is reported, not allowed to fail a finished run."""
+    try:
+        path = plot_run(output_dir)
+    except Exception as error:  # noqa: BLE001 - the run's results are saved; the picture is a convenience
+        log.error("curves.png not written: %s: %s", type(error).__name__, error)
+        return
+    if path is not None:
+        log.info("training curves: %s", path)
+
+
 def _log_parameters(encoder: Encoder) -> None:
     total = sum(p.numel() for p in encoder.parameters())
     trainable = sum(p.numel() for p in encoder.parameters() if p.requires_grad)
@@ -194,5 +206,6 @@ def _export_and_record(cfg: DictConfig, output_dir: Path, module: ContrastiveMod
     # raises (failing the run) if an export does not reproduce the module
     summary["exports"] = release(module.encoder, output_dir, cfg, summary, fresh=lambda: build_encoder(cfg))
     write_json_atomic(output_dir / "metrics.json", summary)
+    _plot_curves(output_dir)
     print(f"\n{metrics_table(summary['val'], summary['val_before'])}\nmetrics: {output_dir / 'metrics.json'}\n"
           f"model:   {model_dir}")

@@ -27,8 +27,8 @@ def _folders(path: Path) -> list[str]:
 def test_ddp_sweep_over_devices_and_lr_gives_one_folder_per_job_and_a_summary(tmp_path: Path, cache_dir: Path):
     sweep = tmp_path / "sweep"
     outputs_before = sorted((REPO / "outputs").rglob("*")) if (REPO / "outputs").exists() else []
-    proc = _run(["-m", *FAST, "strategy=ddp", "devices=2,1", "model.lr=1e-3,2e-3", f"hydra.sweep.dir={sweep}",
-                 f"paths.cache_dir={cache_dir}"])
+    proc = _run(["-m", *FAST, "logger=csv", "strategy=ddp", "devices=2,1", "model.lr=1e-3,2e-3",
+                 f"hydra.sweep.dir={sweep}", f"paths.cache_dir={cache_dir}"])
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert _folders(sweep) == ["0", "1", "2", "3"]
     world_sizes = [json.loads((sweep / job / "metrics.json").read_text())["world_size"] for job in "0123"]
@@ -43,6 +43,12 @@ def test_ddp_sweep_over_devices_and_lr_gives_one_folder_per_job_and_a_summary(tm
     scores = [float(row["val/ndcg@10"]) for row in rows]
     assert scores == sorted(scores, reverse=True)  # best first
     assert {row["overrides"].split("devices=")[1][0] for row in rows} == {"1", "2"}
+    # the report: the metric against each swept key, every job's curves, the best job named
+    report = (sweep / "report.md").read_text()
+    for image in ("metric_vs_devices.png", "metric_vs_model.lr.png", "curves.png"):
+        assert f"]({image})" in report and (sweep / image).stat().st_size > 10_000
+    assert f"Best: job {rows[0]['job']} (`{rows[0]['overrides']}`)" in report
+    assert all((sweep / job / "curves.png").is_file() for job in "0123")
 
 
 def test_submitit_local_launcher_runs_a_two_task_ddp_job(tmp_path: Path, cache_dir: Path):

@@ -49,6 +49,7 @@ def test_fit_writes_metrics_checkpoints_logs_and_returns_the_metric(fast_run):
     assert "train/loss" in header and "lr-AdamW" in header and "val/ndcg@10" in header
     assert list((out / "tensorboard").rglob("events.out.tfevents.*"))
     assert list((out / "wandb").glob("offline-run-*"))
+    assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"  # loss, lr and validation from the CSV log
 
 
 def test_exported_model_loads_in_sentence_transformers_with_identical_embeddings(fast_run):

@@ -1,4 +1,5 @@
-"""Sweep summaries: one row per job (its overrides, final metrics or error), best first, in summary.csv and .md.
+"""Sweep summaries: one row per job (its overrides, final metrics or error), best first, in summary.csv and .md,
+and a report.md with pictures (``gte_pro.plots``).
 
 The summary is rewritten after every job, so a sweep whose job raises still leaves one (Hydra runs every job,
 then re-raises the first failure and exits non-zero, without calling ``on_multirun_end``). A failed job's
@@ -20,6 +21,7 @@ from hydra.core.utils import JobStatus
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from gte_pro.plots import plot_sweep
 from gte_pro.utils.files import write_text_atomic
 from gte_pro.utils.tables import markdown_table
 
@@ -98,5 +100,10 @@ class SweepCallback(_HydraCallback):
     def _summarize(self, config: DictConfig) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
         if sweep_dir.is_dir():
-            rows = summarize_sweep(sweep_dir, config.get("optimized_metric") or "val/ndcg@10")
+            metric = config.get("optimized_metric") or "val/ndcg@10"
+            rows = summarize_sweep(sweep_dir, metric)
             log.info("sweep summary (%d jobs): %s", len(rows), sweep_dir / "summary.csv")
+            try:
+                log.info("sweep report: %s", plot_sweep(sweep_dir, rows, metric))
+            except Exception as error:  # noqa: BLE001 - the summary is written; the pictures are a convenience
+                log.error("sweep report not written: %s: %s", type(error).__name__, error)
