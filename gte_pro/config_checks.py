@@ -77,6 +77,21 @@ def subset(*options: str) -> Callable[[Any], str | None]:
     return check
 
 
+def _int_list(value: Any, low: int) -> str | None:
+    """null, or a non-empty list of distinct integers >= low."""
+    if value is None or (isinstance(value, list) and value and len(set(value)) == len(value) and all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= low for v in value)):
+        return None
+    return f"expected null or a list of distinct integers >= {low}"
+
+
+def _number_list(value: Any) -> str | None:
+    """null, or a list of finite numbers >= 0."""
+    if value is None or (isinstance(value, list) and all(_number(v) and v >= 0 for v in value)):
+        return None
+    return "expected null or a list of numbers >= 0"
+
+
 def _devices(value: Any) -> str | None:
     try:
         device_count(value)
@@ -105,6 +120,8 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "loss.mini_batch_size": integer(1, optional=True),
     "loss.max_skipped_steps": integer(0),
     "loss.similarity": choice("cosine", "dot"),
+    "loss.matryoshka_dims": lambda v: _int_list(v, 1),
+    "loss.matryoshka_weights": lambda v: _number_list(v),
     "data.batch_size": integer(2),
     "data.eval_batch_size": integer(1),
     "data.num_negatives": integer(0),
@@ -136,6 +153,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "eval.batch_size": integer(1, optional=True),
     "eval.max_length": integer(1, optional=True),
     "eval.quantization": subset("int8", "binary"),
+    "eval.truncate_dims": lambda v: _int_list(v, 1),
     # mining (mode=mine); the cross-key rules (range_min < range_max) are gte_pro.mining.core.option_problems'
     "mine.num_negatives": integer(1),
     "mine.range_min": integer(0),

@@ -10,6 +10,7 @@ exactly like one process with batch N*B (the loss of each rank is a mean over it
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +46,22 @@ def split_documents(docs: torch.Tensor, batch_size: int,
 SIMILARITIES = ("cosine", "dot")
 
 
+def _matryoshka(dims: Sequence[int] | None, weights: Sequence[float] | None) -> tuple[list[int], list[float]]:
+    """Checked ``loss.matryoshka_dims`` and their weights (1 each unless given)."""
+    if not dims:
+        if weights:
+            raise ValueError("loss.matryoshka_weights is set but loss.matryoshka_dims is not")
+        return [], []
+    dims = [int(d) for d in dims]
+    if min(dims) < 1 or len(set(dims)) != len(dims):
+        raise ValueError(f"loss.matryoshka_dims={dims}: expected distinct positive dimensions")
+    weights = [1.0] * len(dims) if weights is None else [float(w) for w in weights]
+    if len(weights) != len(dims) or min(weights) < 0:
+        raise ValueError(f"loss.matryoshka_weights={weights}: expected one weight >= 0 per dimension of "
+                         f"loss.matryoshka_dims={dims}")
+    return dims, weights
+
+
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
@@ -75,11 +92,16 @@ class ContrastiveLoss(nn.Module):
     ``similarity="cosine"`` scores unit vectors whatever the encoder returns: a model whose files carry no
     ``Normalize`` module (``model.normalize`` false) would otherwise train on raw dot products at a temperature
     meant for cosines. ``"dot"`` scores the embeddings as they come.
+
+    ``matryoshka_dims`` (Matryoshka representation learning, as sentence-transformers' ``MatryoshkaLoss``): the loss
+    is the ``matryoshka_weights``-weighted sum (weights 1 by default) of the loss on the first d dimensions of every
+    embedding, for each d, so that truncated embeddings keep working. Subclasses compute one loss in ``_loss``.
     """
 
     def __init__(self, temperature: float = 0.05, gather_across_devices: bool = True,
                  mini_batch_size: int | None = None, max_skipped_steps: int = 10,
-                 similarity: str = "cosine") -> None:
+                 similarity: str = "cosine", matryoshka_dims: Sequence[int] | None = None,
+                 matryoshka_weights: Sequence[float] | None = None) -> None:
         super().__init__()
         if temperature <= 0:
             raise ValueError(f"loss.temperature must be > 0, got {temperature}")
@@ -95,6 +117,24 @@ class ContrastiveLoss(nn.Module):
         self.mini_batch_size = None if mini_batch_size is None else int(mini_batch_size)
         self.max_skipped_steps = int(max_skipped_steps)
         self.similarity = similarity
+        self.matryoshka_dims, self.matryoshka_weights = _matryoshka(matryoshka_dims, matryoshka_weights)
+
+    def forward(self, query: torch.Tensor, positive: torch.Tensor,
+                negatives: torch.Tensor | None = None) -> LossOutput:
+        if not self.matryoshka_dims:
+            return self._loss(query, positive, negatives)
+        full = query.shape[-1]
+        if max(self.matryoshka_dims) > full:
+            raise ValueError(f"loss.matryoshka_dims={list(self.matryoshka_dims)}: {max(self.matryoshka_dims)} is "
+                             f"larger than the model's embedding dimension {full}")
+        outputs = [self._loss(query[..., :d], positive[..., :d], None if negatives is None else negatives[..., :d])
+                   for d in self.matryoshka_dims]
+        loss = sum(w * out.loss for w, out in zip(self.matryoshka_weights, outputs, strict=True))
+        widest = outputs[self.matryoshka_dims.index(max(self.matryoshka_dims))]  # scores for the train metrics
+        return LossOutput(loss, widest.scores, widest.labels)
+
+    def _loss(self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None) -> LossOutput:
+        raise NotImplementedError  # each loss class defines it
 
     def _scored(self, *embeddings: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         """The embeddings in the space they are scored in: unit length for cosine similarity."""
@@ -117,9 +157,7 @@ class ContrastiveLoss(nn.Module):
 class InfoNCELoss(ContrastiveLoss):
     """Cross-entropy of each query over [all positives + all hard negatives] of the (global) batch."""
 
-    def forward(
-        self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None = None
-    ) -> LossOutput:
+    def _loss(self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None) -> LossOutput:
         query, positive, negatives = self._scored(query, positive, negatives)
         candidates, offset = self._candidates(positive, negatives)
         scores = query @ candidates.T
@@ -144,15 +182,16 @@ class GTELoss(ContrastiveLoss):
 
     def __init__(self, temperature: float = 0.02, mask_own_negatives: bool = False,
                  gather_across_devices: bool = True, mini_batch_size: int | None = None,
-                 max_skipped_steps: int = 10, similarity: str = "cosine") -> None:
-        super().__init__(temperature, gather_across_devices, mini_batch_size, max_skipped_steps, similarity)
+                 max_skipped_steps: int = 10, similarity: str = "cosine",
+                 matryoshka_dims: Sequence[int] | None = None,
+                 matryoshka_weights: Sequence[float] | None = None) -> None:
+        super().__init__(temperature, gather_across_devices, mini_batch_size, max_skipped_steps, similarity,
+                         matryoshka_dims, matryoshka_weights)
         if not isinstance(mask_own_negatives, bool):
             raise ValueError(f"loss.mask_own_negatives must be true or false, got {mask_own_negatives!r}")
         self.mask_own_negatives = mask_own_negatives
 
-    def forward(
-        self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None = None
-    ) -> LossOutput:
+    def _loss(self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None) -> LossOutput:
         query, positive, negatives = self._scored(query, positive, negatives)
         candidates, offset = self._candidates(positive, negatives)
         queries_all, _ = self._gather(query)

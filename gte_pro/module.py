@@ -59,6 +59,7 @@ class ContrastiveModule(LightningModule):
         warmup_ratio: float = 0.0,
         seed: int = 0,
         eval_quantization: Sequence[str] = (),
+        eval_dims: Sequence[int] = (),
     ) -> None:
         super().__init__()
         self.encoder = encoder
@@ -72,6 +73,7 @@ class ContrastiveModule(LightningModule):
         self.scheduler_factory = scheduler
         self.warmup_ratio = warmup_ratio
         self.eval_quantization = tuple(eval_quantization)  # validation also ranks quantized embeddings
+        self.eval_dims = tuple(eval_dims)  # ... and the first d dimensions of the embeddings, for each d
         self.lr = lr  # a plain attribute, so that Lightning's learning-rate finder can set it
         # per validation dataloader: the signed ids and embeddings this rank computed
         self._val_ids: dict[int, list[torch.Tensor]] = {}
@@ -97,6 +99,7 @@ class ContrastiveModule(LightningModule):
             warmup_ratio=scheduler["warmup_ratio"] if scheduler else 0.0,
             seed=config["seed"],
             eval_quantization=(config.get("eval") or {}).get("quantization") or (),
+            eval_dims=(config.get("eval") or {}).get("truncate_dims") or (),
         )
         module.module_config = config
         return module
@@ -239,8 +242,22 @@ class ContrastiveModule(LightningModule):
             for metric, value in metrics.items():
                 self.log(prefix + metric, value, prog_bar=not name and metric == "ndcg@10", sync_dist=False,
                          add_dataloader_idx=False)
+            self._log_truncated(prefix, ids, embeddings, retrieval)
             by_set[name] = metrics
         self._log_mean_over_sets(by_set)
+
+    def _log_truncated(self, prefix: str, ids: torch.Tensor, embeddings: torch.Tensor, retrieval: Any) -> None:
+        """``eval.truncate_dims``: the same retrieval on the first d dimensions (val/dim<d>/...), as
+        ``SentenceTransformer(..., truncate_dim=d)`` embeds; the full dimension is the plain figure already."""
+        for dim in self.eval_dims:
+            if dim > embeddings.shape[-1]:
+                raise ValueError(f"eval.truncate_dims: {dim} is larger than the model's embedding dimension "
+                                 f"{embeddings.shape[-1]}")
+            if dim == embeddings.shape[-1]:
+                continue
+            metrics = evaluate_distributed(ids, embeddings[:, :dim], retrieval.relevant, len(retrieval.corpus))
+            for metric, value in metrics.items():
+                self.log(f"{prefix}dim{dim}/{metric}", value, sync_dist=False, add_dataloader_idx=False)
 
     def _log_mean_over_sets(self, by_set: dict[str, dict[str, float]]) -> None:
         """data=mix has no unnamed held-out set: val/<metric> (the monitored val/ndcg@10) is the unweighted mean

@@ -39,7 +39,8 @@ def card_sections(cfg: DictConfig, summary: dict[str, Any]) -> dict[str, dict[st
         "base_model": base,
         "data": {"source": _short(data.get("_target_")), **sources, "cleaning": kept or "n/a"},
         "loss": {"loss": _short(cfg.loss.get("_target_")), "temperature": cfg.loss.get("temperature"),
-                 "negatives gathered across devices": cfg.loss.get("gather_across_devices")},
+                 "negatives gathered across devices": cfg.loss.get("gather_across_devices"),
+                 **({"matryoshka dims": list(cfg.loss.matryoshka_dims)} if cfg.loss.get("matryoshka_dims") else {})},
         "hyperparameters": hyper,
     }
 
@@ -52,6 +53,16 @@ def _code(value: Any) -> str:
     """Non-empty strings (names, paths, prefixes) as code, so that markdown leaves them as they are; other values as
     Python prints them (a temperature of 0.05 stays 0.05)."""
     return f"`{value}`" if isinstance(value, str) and value else str(value)
+
+
+def _truncation_note(folder: Path, loss: dict[str, Any]) -> list[str]:
+    """Matryoshka training: how to load shorter embeddings (the per-dimension metrics are the dim<d> rows above)."""
+    dims = loss.get("matryoshka dims")
+    if not dims:
+        return []
+    return [f"Trained with Matryoshka dimensions {', '.join(map(str, dims))}: the first d dimensions of an embedding "
+            "work on their own (rows `dim<d>` of the evaluation table). Load them truncated with", "", "```python",
+            f'model = SentenceTransformer("{folder}", truncate_dim={min(dims)})', "```", ""]
 
 
 def write_model_card(folder: str | Path, encoder: Encoder, *, base_model: str, data: dict[str, Any],
@@ -78,6 +89,6 @@ def write_model_card(folder: str | Path, encoder: Encoder, *, base_model: str, d
         else 'queries = model.encode(["how do I sort a list?"])',
         'docs = model.encode(["sorted() returns a new sorted list."], prompt_name="document")' if encoder.doc_prefix
         else 'docs = model.encode(["sorted() returns a new sorted list."])',
-        "print(model.similarity(queries, docs))", "```", "",
+        "print(model.similarity(queries, docs))", "```", "", *_truncation_note(folder, loss),
     ])
     return write_text_atomic(folder / "README.md", card)
