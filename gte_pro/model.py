@@ -7,6 +7,7 @@ geometry its checkpoint was trained with; an explicit config value overrides the
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Sequence
@@ -84,6 +85,28 @@ def detect_pooling(name_or_path: str) -> tuple[str | None, bool | None]:
     return pooling, normalize
 
 
+LORA_KEYS = {"r": 16, "alpha": 32, "dropout": 0.1, "target_modules": None}
+
+
+def with_lora(backbone: nn.Module, options: dict[str, Any]) -> nn.Module:
+    """``backbone`` with LoRA adapters (peft): only the adapters train. ``options``: ``r``, ``alpha``, ``dropout``,
+    ``target_modules`` (null: peft's choice for the architecture, e.g. BERT's query and value projections)."""
+    from peft import LoraConfig, get_peft_model
+
+    unknown = sorted(set(options) - set(LORA_KEYS))
+    if unknown:
+        raise ValueError(f"model.lora: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(LORA_KEYS)}")
+    settings = {**LORA_KEYS, **options}
+    target_modules = settings["target_modules"]
+    config = LoraConfig(r=int(settings["r"]), lora_alpha=float(settings["alpha"]),
+                        lora_dropout=float(settings["dropout"]), bias="none",
+                        target_modules=list(target_modules) if target_modules else None)
+    try:
+        return get_peft_model(backbone, config)
+    except ValueError as error:  # e.g. target modules that the architecture does not have
+        raise ValueError(f"model.lora: {error}") from error
+
+
 def _refuse_remote_code(error: Exception, name_or_path: str, trust_remote_code: bool) -> None:
     """transformers' refusal to run a repository's code, in terms of our config key."""
     if "trust_remote_code" in str(error) and not trust_remote_code:
@@ -107,6 +130,7 @@ class Encoder(nn.Module):
         doc_prefix: str = "",
         gradient_checkpointing: bool = False,
         compile: bool = False,
+        lora: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(trust_remote_code, bool):
@@ -149,6 +173,9 @@ class Encoder(nn.Module):
         if isinstance(getattr(self.backbone, "pooler", None), nn.Module):
             self._spare_pooler.append(self.backbone.pooler)
             self.backbone.pooler = None
+        self.lora = dict(lora) if lora else None
+        if self.lora:
+            self.backbone = with_lora(self.backbone, self.lora)
         self.pooling = pooling or detected_pooling or "mean"
         if self.pooling not in POOLING_MODES:
             raise ValueError(
@@ -206,13 +233,22 @@ class Encoder(nn.Module):
 
     def save(self, folder: str | Path) -> None:
         """Write backbone and tokenizer in Hugging Face layout (``from_pretrained`` can read it), with the
-        checkpoint's own (untrained, unused) pooler, so that the architecture's every weight is there."""
+        checkpoint's own (untrained, unused) pooler, so that the architecture's every weight is there. With LoRA,
+        the adapters are merged into a copy of the weights: full weights that load without peft."""
+        backbone = copy.deepcopy(self.backbone).merge_and_unload() if self.lora else self.backbone
         if self._spare_pooler:
-            self.backbone.pooler = self._spare_pooler[0].to(next(self.backbone.parameters()).device)
+            backbone.pooler = self._spare_pooler[0].to(next(backbone.parameters()).device)
         try:
-            self.backbone.save_pretrained(str(folder), safe_serialization=True)
+            backbone.save_pretrained(str(folder), safe_serialization=True)
         finally:
             if self._spare_pooler:
-                self.backbone.pooler = None
+                backbone.pooler = None
         self.tokenizer.save_pretrained(str(folder))
+
+    def save_adapter(self, folder: str | Path) -> None:
+        """LoRA only: the adapter alone (``adapter_config.json`` + weights), which peft's
+        ``PeftModel.from_pretrained(<base model>, folder)`` puts back on the base model."""
+        if not self.lora:
+            raise ValueError("save_adapter: this encoder has no LoRA adapter (model.lora is null)")
+        self.backbone.save_pretrained(str(folder), safe_serialization=True)
 

@@ -22,7 +22,7 @@ from gte_pro.export.verify import (
     state_dict_round_trip,
     verify_export,
 )
-from gte_pro.export.writers import export_hf, export_onnx
+from gte_pro.export.writers import export_adapter, export_hf, export_onnx
 from gte_pro.model import Encoder
 from gte_pro.utils.files import write_text_atomic
 
@@ -69,6 +69,8 @@ def release(encoder: Encoder, output_dir: Path, cfg: DictConfig, summary: dict[s
     report["state_dict_round_trip_max_abs_diff"] = state_dict_round_trip(
         encoder, fresh(), texts, float(options.get("round_trip_max_abs_diff", 1e-6)))
     report["cpu_vs_gpu_max_abs_diff"] = cpu_vs_device(encoder, texts, float(options.get("gpu_max_abs_diff", 1e-4)))
+    if encoder.lora:  # the merged weights are model/ and hf/; the adapter alone for peft users
+        report["adapter"] = str(export_adapter(encoder, output_dir / "adapter"))
     table = metrics_table(summary.get("val"), summary.get("val_before"))
     write_text_atomic(output_dir / "metrics.md", f"# Retrieval metrics after training\n\n{table}")
     if options.get("model_card", True):

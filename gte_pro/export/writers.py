@@ -128,6 +128,14 @@ def _write_hf(encoder: Encoder, tmp: Path) -> None:
     (tmp / "README.md").write_text(_HF_README.format(pooling_file=POOLING_FILE, code=code, **settings))
 
 
+def export_adapter(encoder: Encoder, folder: str | Path) -> Path:
+    """``model.lora``: the LoRA adapter alone (peft layout), next to the merged exports."""
+    folder = Path(folder)
+    write_atomic(folder, encoder.save_adapter)
+    log.info("exported the LoRA adapter to %s", folder)
+    return folder
+
+
 # --- ONNX --------------------------------------------------------------------------------------------------------
 class _OnnxGraph(nn.Module):
     """Backbone + pooling + normalisation with positional inputs, as the ONNX graph computes them."""

@@ -35,6 +35,7 @@ IGNORED_WARNINGS = (
     r"`isinstance\(treespec, LeafSpec\)` is deprecated",  # lightning's pytree helper on torch >= 2.9
     r"The `srun` command is available on your system but is not used",  # a local run on a SLURM login node
     r"Precision .* is not supported by the model summary",
+    r"`is_gradient_checkpointing` is deprecated",  # transformers 5, asked by peft when it wraps a model
 )
 
 
