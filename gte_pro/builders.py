@@ -5,18 +5,23 @@ the benchmarks build through these functions, so a run is set up the same way wh
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch import Callback, Trainer, seed_everything
+from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
 from gte_pro.launch.checkpoint_io import AtomicCheckpointIO
+from gte_pro.launch.environment import cpu_has_native_bf16, emulated_bf16_warning
 from gte_pro.model import Encoder
 from gte_pro.module import ContrastiveModule
+
+log = logging.getLogger(__name__)
 
 
 def instantiate_dict(group: DictConfig | None) -> list[Any]:
@@ -55,8 +60,13 @@ def build_trainer(cfg: DictConfig, callbacks: list[Callback], loggers: list[Logg
     if not loggers:  # logger=none: the learning-rate monitor has nowhere to write and Lightning refuses it
         callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
     # every checkpoint (last, best, preemption) is written atomically and read back with weights_only=True
-    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, strategy=build_strategy(cfg),
-                       plugins=[AtomicCheckpointIO()])
+    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, strategy=build_strategy(cfg),
+                          plugins=[AtomicCheckpointIO()])
+    warning = emulated_bf16_warning(cfg.trainer.precision, isinstance(trainer.accelerator, CPUAccelerator),
+                                    cpu_has_native_bf16())
+    if warning and trainer.is_global_zero:
+        log.warning(warning)
+    return trainer
 
 
 def module_config(cfg: DictConfig) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from gte_pro.module import ContrastiveModule
 from gte_pro.plots import plot_run
 from gte_pro.utils.files import remove_stale_temporaries, write_json_atomic
 from gte_pro.utils.secrets import redact_secrets
+from gte_pro.utils.timing import PhaseTimes
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,23 @@ def _format(metrics: dict[str, float]) -> str:
 
 def fit(cfg: DictConfig) -> float | None:
     """Fit an encoder as ``cfg`` says; write ``metrics.json`` and ``model/``; return ``cfg.optimized_metric``."""
+    times = PhaseTimes()
+    with times.phase("setup"):
+        module, datamodule, callbacks, loggers, ckpt_path, config_changes = _set_up(cfg)
+    output_dir = Path(cfg.paths.output_dir)
+    failed = True
+    try:
+        after = _fit_validate_export(cfg, output_dir, module, datamodule, callbacks, loggers, ckpt_path,
+                                     config_changes, times)
+        failed = False
+    finally:
+        _finish_wandb(loggers, failed)
+    return optimized_value(after, cfg.get("optimized_metric"))
+
+
+def _set_up(cfg: DictConfig) -> tuple[ContrastiveModule, Any, list[Any], list[Logger], str | None, dict[str, Any]]:
+    """Everything before the first validation: the run folder, resume decision, encoder, data, module, callbacks,
+    loggers."""
     seed_and_precision(cfg)
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -115,14 +133,7 @@ def fit(cfg: DictConfig) -> float | None:
     if remine is not None:
         callbacks.append(remine)
     loggers = instantiate_dict(cfg.get("logger"))
-    failed = True
-    try:
-        after = _fit_validate_export(cfg, output_dir, module, datamodule, callbacks, loggers, ckpt_path,
-                                     config_changes)
-        failed = False
-    finally:
-        _finish_wandb(loggers, failed)
-    return optimized_value(after, cfg.get("optimized_metric"))
+    return module, datamodule, callbacks, loggers, ckpt_path, config_changes
 
 
 def _plot_curves(output_dir: Path) -> None:
@@ -158,7 +169,7 @@ def _validate_before(trainer: Trainer, module: ContrastiveModule, datamodule: An
 
 def _fit_validate_export(cfg: DictConfig, output_dir: Path, module: ContrastiveModule, datamodule: Any,
                          callbacks: list[Any], loggers: list[Logger], ckpt_path: str | None,
-                         config_changes: dict[str, Any]) -> dict[str, float]:
+                         config_changes: dict[str, Any], times: PhaseTimes) -> dict[str, float]:
     """Validate, fit, validate the best checkpoint; on rank 0 export and write metrics.json. The final metrics."""
     trainer = build_trainer(cfg, callbacks, loggers)
     for lg in loggers:
@@ -169,14 +180,17 @@ def _fit_validate_export(cfg: DictConfig, output_dir: Path, module: ContrastiveM
         log.info("lr_find: skipped, the run resumes from %s with its optimizer's learning rate", ckpt_path)
     elif cfg.get("lr_find"):
         suggested_lr = run_lr_find(trainer, module, datamodule, output_dir, cfg.get("lr_find_steps", 100))
-    before = _validate_before(trainer, module, datamodule, output_dir, ckpt_path)
+    with times.phase("validation before"):
+        before = _validate_before(trainer, module, datamodule, output_dir, ckpt_path)
     if before:
         optimized_value(before, cfg.get("optimized_metric"))  # a wrong name fails now, not after training
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    with times.phase("training"):
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     rates = {k: float(v) for k, v in trainer.callback_metrics.items() if k.endswith("_per_s")}
     train_metrics = {**module.train_metrics(), **rates}
     best_ckpt = _best_checkpoint(trainer)
-    after = merge_results(trainer.validate(module, datamodule=datamodule, ckpt_path=best_ckpt, verbose=False))
+    with times.phase("validation after"):
+        after = merge_results(trainer.validate(module, datamodule=datamodule, ckpt_path=best_ckpt, verbose=False))
     log.info("validation after training (%s): %s", best_ckpt or "last weights", _format(after))
 
     if trainer.is_global_zero:
@@ -193,19 +207,22 @@ def _fit_validate_export(cfg: DictConfig, output_dir: Path, module: ContrastiveM
             "lr_find_suggestion": suggested_lr,
             "data": getattr(datamodule, "reports", []),
             "remine": next((cb.costs for cb in callbacks if isinstance(cb, RemineNegatives)), None),
-        })
+        }, times)
     return after
 
 
-def _export_and_record(cfg: DictConfig, output_dir: Path, module: ContrastiveModule, summary: dict[str, Any]) -> None:
+def _export_and_record(cfg: DictConfig, output_dir: Path, module: ContrastiveModule, summary: dict[str, Any],
+                       times: PhaseTimes) -> None:
     """Rank 0: ``model/`` and ``metrics.json`` first (a failing export check still leaves both), then the verified
-    exports, model card and deployment checks, recorded in ``metrics.json``."""
-    model_dir = export_sentence_transformers(module.encoder, output_dir / "model")
-    summary["model_dir"] = str(model_dir)
+    exports, model card and deployment checks, recorded in ``metrics.json`` with the run's wall-time breakdown."""
+    with times.phase("exports"):
+        model_dir = export_sentence_transformers(module.encoder, output_dir / "model")
+        summary["model_dir"] = str(model_dir)
+        write_json_atomic(output_dir / "metrics.json", summary)
+        # raises (failing the run) if an export does not reproduce the module
+        summary["exports"] = release(module.encoder, output_dir, cfg, summary, fresh=lambda: build_encoder(cfg))
+        _plot_curves(output_dir)
+    summary["timing"] = times.record()
     write_json_atomic(output_dir / "metrics.json", summary)
-    # raises (failing the run) if an export does not reproduce the module
-    summary["exports"] = release(module.encoder, output_dir, cfg, summary, fresh=lambda: build_encoder(cfg))
-    write_json_atomic(output_dir / "metrics.json", summary)
-    _plot_curves(output_dir)
-    print(f"\n{metrics_table(summary['val'], summary['val_before'])}\nmetrics: {output_dir / 'metrics.json'}\n"
-          f"model:   {model_dir}")
+    print(f"\n{times.line()}\n\n{metrics_table(summary['val'], summary['val_before'])}\n"
+          f"metrics: {output_dir / 'metrics.json'}\nmodel:   {model_dir}")

@@ -50,6 +50,11 @@ def test_fit_writes_metrics_checkpoints_logs_and_returns_the_metric(fast_run):
     assert list((out / "tensorboard").rglob("events.out.tfevents.*"))
     assert list((out / "wandb").glob("offline-run-*"))
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"  # loss, lr and validation from the CSV log
+    # where the wall time went, phase by phase; the phases add up to the total
+    timing = metrics["timing"]
+    assert list(timing)[-2:] == ["other", "total"] and {"setup", "validation before", "training",
+                                                        "validation after", "exports"} <= set(timing)
+    assert sum(v for k, v in timing.items() if k != "total") == pytest.approx(timing["total"], abs=0.05)
 
 
 def test_exported_model_loads_in_sentence_transformers_with_identical_embeddings(fast_run):

@@ -1,0 +1,53 @@
+"""Where a run's wall time goes: start-up, setup, validation, training, exports (printed at the end of a run and
+kept in ``metrics.json`` under ``timing``)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+_first_job_in_process = True
+
+
+def _seconds_since_process_start() -> float | None:
+    try:
+        import psutil
+
+        return time.time() - psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 - no psutil, or a platform without process start times: leave it out
+        return None
+
+
+class PhaseTimes:
+    """Seconds per named phase, in the order the phases first ran. ``start-up`` (interpreter start, imports and
+    config composition up to this object) is counted for the first job of a process only: a sweep's later jobs
+    share the process."""
+
+    def __init__(self) -> None:
+        global _first_job_in_process
+        self.seconds: dict[str, float] = {}
+        startup = _seconds_since_process_start() if _first_job_in_process else None
+        _first_job_in_process = False
+        if startup is not None:
+            self.seconds["start-up"] = startup
+        self._created = time.perf_counter()
+        self._startup = startup or 0.0
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def record(self) -> dict[str, float]:
+        """Each phase's seconds, ``other`` (the time between phases) and ``total``."""
+        total = self._startup + time.perf_counter() - self._created
+        other = total - sum(self.seconds.values())
+        return {**{name: round(s, 2) for name, s in self.seconds.items()}, "other": round(max(other, 0.0), 2),
+                "total": round(total, 2)}
+
+    def line(self) -> str:
+        return "wall time: " + " | ".join(f"{name} {seconds:.1f} s" for name, seconds in self.record().items())
