@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from gte_pro.launch.environment import device_count
-from gte_pro.model import LORA_KEYS
+from gte_pro.model import LORA_KEYS, PROJECTION_KEYS
 
 
 class ConfigError(ValueError):
@@ -93,13 +93,14 @@ def _number_list(value: Any) -> str | None:
     return "expected null or a list of numbers >= 0"
 
 
-def _lora(value: Any) -> str | None:
+def _options(value: Any, keys: dict[str, Any], example: str) -> str | None:
+    """null, or a dict of some of ``keys`` (the encoder checks the values)."""
     if value is None:
         return None
     if not isinstance(value, dict):
-        return "expected null or a dict such as {r: 16, alpha: 32, dropout: 0.1}"
-    unknown = sorted(set(value) - set(LORA_KEYS))
-    return f"unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(LORA_KEYS)}" if unknown else None
+        return f"expected null or a dict such as {example}"
+    unknown = sorted(set(value) - set(keys))
+    return f"unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(keys)}" if unknown else None
 
 
 def _devices(value: Any) -> str | None:
@@ -126,7 +127,8 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "model.max_length": integer(1),
     "model.gradient_checkpointing": FLAG,
     "model.compile": FLAG,
-    "model.lora": lambda v: _lora(v),
+    "model.lora": lambda v: _options(v, LORA_KEYS, "{r: 16, alpha: 32, dropout: 0.1}"),
+    "model.projection": lambda v: _options(v, PROJECTION_KEYS, "{dims: [512, 512], activation: relu, dropout: 0.1}"),
     "loss.temperature": number(0, open_low=True),
     "loss.mini_batch_size": integer(1, optional=True),
     "loss.max_skipped_steps": integer(0),

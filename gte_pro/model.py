@@ -85,6 +85,60 @@ def detect_pooling(name_or_path: str) -> tuple[str | None, bool | None]:
     return pooling, normalize
 
 
+PROJECTION_KEYS = {"dims": None, "activation": "relu", "dropout": 0.1}
+ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "identity": nn.Identity}
+
+
+def build_projection(hidden: int, options: dict[str, Any]) -> nn.Sequential:
+    """Linear layers of ``options["dims"]`` on top of pooling, each but the last followed by the activation and
+    dropout: ``{dims: [512, 512], activation: relu, dropout: 0.1}`` is hidden -> 512 -> ReLU -> dropout -> 512."""
+    unknown = sorted(set(options) - set(PROJECTION_KEYS))
+    if unknown:
+        raise ValueError(f"model.projection: unknown key(s) {', '.join(unknown)}; valid keys: "
+                         f"{', '.join(PROJECTION_KEYS)}")
+    settings = {**PROJECTION_KEYS, **options}
+    dims = list(settings["dims"] or [])
+    if not dims or any(not isinstance(d, int) or d < 1 for d in dims):
+        raise ValueError(f"model.projection.dims={settings['dims']!r}: expected a list of positive integers, "
+                         "e.g. [512, 512]")
+    if settings["activation"] not in ACTIVATIONS:
+        raise ValueError(f"model.projection.activation={settings['activation']!r} is not valid; valid choices: "
+                         f"{', '.join(ACTIVATIONS)}")
+    layers: list[nn.Module] = []
+    for index, (width_in, width_out) in enumerate(zip([hidden, *dims], dims, strict=False)):
+        layers.append(nn.Linear(width_in, width_out))
+        if index < len(dims) - 1:
+            layers += [ACTIVATIONS[settings["activation"]](), nn.Dropout(float(settings["dropout"]))]
+    return nn.Sequential(*layers)
+
+
+def load_dense_head(name_or_path: str) -> nn.Sequential | None:
+    """The Dense modules of a local sentence-transformers folder (modules.json), as a head of Linear layers and
+    their activations with the folder's weights; None when it has none."""
+    modules = _read_json(Path(name_or_path) / "modules.json")
+    if not isinstance(modules, list):
+        return None
+    dense = [m for m in modules if str(m.get("type", "")).endswith("Dense")]
+    layers: list[nn.Module] = []
+    for entry in dense:
+        folder = Path(name_or_path) / entry["path"]
+        config = _read_json(folder / "config.json") or {}
+        linear = nn.Linear(config["in_features"], config["out_features"], bias=config.get("bias", True))
+        from safetensors.torch import load_file
+
+        weights = load_file(str(folder / "model.safetensors"))
+        linear.load_state_dict({key.removeprefix("linear."): value for key, value in weights.items()})
+        activation = str(config.get("activation_function", "torch.nn.modules.activation.Tanh")).rsplit(".", 1)[-1]
+        kinds = {kind.__name__: kind for kind in ACTIVATIONS.values()}
+        if activation not in kinds:
+            raise ValueError(f"{folder / 'config.json'}: activation_function {activation} is not supported; "
+                             f"supported: {', '.join(kinds)}")
+        layers += [linear] + ([kinds[activation]()] if activation != "Identity" else [])
+    if layers:
+        log.info("%s: %d Dense module(s) loaded as the projection head", name_or_path, len(dense))
+    return nn.Sequential(*layers) if layers else None
+
+
 LORA_KEYS = {"r": 16, "alpha": 32, "dropout": 0.1, "target_modules": None}
 
 
@@ -131,6 +185,7 @@ class Encoder(nn.Module):
         gradient_checkpointing: bool = False,
         compile: bool = False,
         lora: dict[str, Any] | None = None,
+        projection: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(trust_remote_code, bool):
@@ -176,6 +231,12 @@ class Encoder(nn.Module):
         self.lora = dict(lora) if lora else None
         if self.lora:
             self.backbone = with_lora(self.backbone, self.lora)
+        # GTE-Pro's head on top of pooling (hidden -> 512 -> ReLU -> dropout -> 512), before normalisation; a
+        # sentence-transformers folder with Dense modules (an exported run with a head) brings its own
+        self.projection_settings = dict(projection) if projection else None
+        self.projection = build_projection(self.hidden_dim, projection) if projection else None
+        if self.projection is None and random_init_config is None:
+            self.projection = load_dense_head(self.name_or_path)
         self.pooling = pooling or detected_pooling or "mean"
         if self.pooling not in POOLING_MODES:
             raise ValueError(
@@ -203,12 +264,22 @@ class Encoder(nn.Module):
                  self.normalize, self.max_length)
 
     @property
-    def dim(self) -> int:
+    def hidden_dim(self) -> int:
+        """The backbone's hidden size: what pooling returns."""
         return int(self.backbone.config.hidden_size)
+
+    @property
+    def dim(self) -> int:
+        """The embedding's dimension (after the projection head, if there is one)."""
+        if self.projection is None:
+            return self.hidden_dim
+        return [m for m in self.projection if isinstance(m, nn.Linear)][-1].out_features
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **extra: torch.Tensor) -> torch.Tensor:
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, **extra)
         embeddings = pool(out.last_hidden_state, attention_mask, self.pooling)
+        if self.projection is not None:
+            embeddings = self.projection(embeddings)
         return F.normalize(embeddings, dim=-1) if self.normalize else embeddings
 
     def tokenize(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:

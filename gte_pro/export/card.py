@@ -75,7 +75,8 @@ def write_model_card(folder: str | Path, encoder: Encoder, *, base_model: str, d
     front += [f"base_model: {hub_base}"] if hub_base else []
     model = {"base model": base_model, "embedding dimension": encoder.dim, "pooling": encoder.pooling,
              "normalized": encoder.normalize, "max sequence length": encoder.max_length,
-             "query prefix": encoder.query_prefix, "document prefix": encoder.doc_prefix}
+             "query prefix": encoder.query_prefix, "document prefix": encoder.doc_prefix,
+             **({"projection head": str(encoder.projection_settings)} if encoder.projection_settings else {})}
     card = "\n".join([
         *front, "---", "", f"# {folder.parent.name}/{folder.name}", "",
         "A text embedding model fine-tuned with contrastive learning by gte-pro (Hydra + PyTorch Lightning).", "",

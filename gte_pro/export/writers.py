@@ -2,8 +2,8 @@
 (+ the pooling code its README documents) and ONNX. Each is written to a temporary sibling and renamed into place,
 so a crash never leaves half an export where a previous one was.
 
-The sentence-transformers layout written here is the classic one (modules.json + 1_Pooling + 2_Normalize), which
-every sentence-transformers release from 2.x to 6.x reads.
+The sentence-transformers layout written here is the classic one (modules.json + 1_Pooling [+ N_Dense per layer of
+the projection head] + N_Normalize), which every sentence-transformers release from 2.x to 6.x reads.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gte_pro.model import Encoder
+from gte_pro.model import ACTIVATIONS, Encoder
 from gte_pro.utils.files import write_atomic
 
 log = logging.getLogger(__name__)
@@ -51,9 +51,16 @@ def _write_sentence_transformers(encoder: Encoder, tmp: Path) -> None:
     encoder.save(tmp)
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    for linear, activation in projection_layers(encoder):  # model.projection: one Dense module per linear layer
+        idx = len(modules)
+        _write_dense(tmp / f"{idx}_Dense", linear, activation)
+        modules.append({"idx": idx, "name": str(idx), "path": f"{idx}_Dense",
+                        "type": "sentence_transformers.models.Dense"})
     if encoder.normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
-        (tmp / "2_Normalize").mkdir(parents=True, exist_ok=True)
+        idx = len(modules)
+        modules.append({"idx": idx, "name": str(idx), "path": f"{idx}_Normalize",
+                        "type": "sentence_transformers.models.Normalize"})
+        (tmp / f"{idx}_Normalize").mkdir(parents=True, exist_ok=True)
     _write_json(tmp / "modules.json", modules)
     _write_json(tmp / "sentence_bert_config.json", {"max_seq_length": encoder.max_length, "do_lower_case": False})
     pooling = {flag: False for flag in ("pooling_mode_cls_token", "pooling_mode_mean_tokens",
@@ -61,10 +68,37 @@ def _write_sentence_transformers(encoder: Encoder, tmp: Path) -> None:
                                         "pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken")}
     pooling[_ST_POOLING_FLAGS[encoder.pooling]] = True
     _write_json(tmp / "1_Pooling" / "config.json",
-                {"word_embedding_dimension": encoder.dim, **pooling, "include_prompt": True})
+                {"word_embedding_dimension": encoder.hidden_dim, **pooling, "include_prompt": True})
     prompts = {"query": encoder.query_prefix, "document": encoder.doc_prefix}
     _write_json(tmp / "config_sentence_transformers.json",
                 {"prompts": prompts, "default_prompt_name": None, "similarity_fn_name": "cosine"})
+
+
+def projection_layers(encoder: Encoder) -> list[tuple[nn.Linear, nn.Module]]:
+    """The projection head as (linear layer, the activation after it) pairs; dropout is inactive at inference."""
+    if encoder.projection is None:
+        return []
+    linears = [(i, m) for i, m in enumerate(encoder.projection) if isinstance(m, nn.Linear)]
+    pairs = []
+    for i, linear in linears:
+        follower = encoder.projection[i + 1] if i + 1 < len(encoder.projection) else nn.Identity()
+        pairs.append((linear, follower if not isinstance(follower, nn.Dropout | nn.Linear) else nn.Identity()))
+    return pairs
+
+
+def _write_dense(folder: Path, linear: nn.Linear, activation: nn.Module) -> None:
+    """sentence-transformers' Dense layout: config.json and model.safetensors (``linear.weight``/``.bias``)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    kind = type(activation)
+    _write_json(folder / "config.json", {"in_features": linear.in_features, "out_features": linear.out_features,
+                                         "bias": linear.bias is not None,
+                                         "activation_function": f"{kind.__module__}.{kind.__name__}"})
+    weights = {"linear.weight": linear.weight.detach().float().cpu().contiguous()}
+    if linear.bias is not None:
+        weights["linear.bias"] = linear.bias.detach().float().cpu().contiguous()
+    save_file(weights, str(folder / "model.safetensors"))
 
 
 # --- plain Hugging Face layout ---------------------------------------------------------------------------------
@@ -91,6 +125,12 @@ def embed(texts):
         emb = hidden[:, 0]
     else:  # "last": the last real token (right padding)
         emb = hidden[torch.arange(len(hidden)), batch["attention_mask"].sum(1) - 1]
+    if settings.get("projection"):  # the projection head: linear layers, each followed by its activation
+        from safetensors.torch import load_file
+        head = load_file(f"{{folder}}/{{settings['projection_file']}}")
+        act = {{"relu": torch.relu, "gelu": F.gelu, "tanh": torch.tanh, "identity": lambda x: x}}
+        for i, layer in enumerate(settings["projection"]):
+            emb = act[layer["activation"]](emb @ head[f"{{i}}.weight"].T + head[f"{{i}}.bias"])
     return F.normalize(emb, dim=-1) if settings["normalize"] else emb
 """
 
@@ -107,9 +147,21 @@ embeddings = embed(["a query", "a document"])
 """
 
 
+PROJECTION_FILE = "gte_pro_projection.safetensors"
+
+
+def _activation_name(module: nn.Module) -> str:
+    return next(name for name, kind in ACTIVATIONS.items() if isinstance(module, kind))
+
+
 def pooling_settings(encoder: Encoder) -> dict[str, Any]:
-    return {"pooling": encoder.pooling, "normalize": encoder.normalize, "max_length": encoder.max_length,
-            "query_prefix": encoder.query_prefix, "doc_prefix": encoder.doc_prefix, "dim": encoder.dim}
+    settings = {"pooling": encoder.pooling, "normalize": encoder.normalize, "max_length": encoder.max_length,
+                "query_prefix": encoder.query_prefix, "doc_prefix": encoder.doc_prefix, "dim": encoder.dim}
+    layers = projection_layers(encoder)
+    if layers:
+        settings["projection"] = [{"activation": _activation_name(act)} for _, act in layers]
+        settings["projection_file"] = PROJECTION_FILE
+    return settings
 
 
 def export_hf(encoder: Encoder, folder: str | Path) -> Path:
@@ -124,6 +176,15 @@ def _write_hf(encoder: Encoder, tmp: Path) -> None:
     encoder.save(tmp)
     settings = pooling_settings(encoder)
     _write_json(tmp / POOLING_FILE, settings)
+    layers = projection_layers(encoder)
+    if layers:
+        from safetensors.torch import save_file
+
+        weights = {}
+        for i, (linear, _) in enumerate(layers):
+            weights[f"{i}.weight"] = linear.weight.detach().float().cpu().contiguous()
+            weights[f"{i}.bias"] = linear.bias.detach().float().cpu().contiguous()
+        save_file(weights, str(tmp / PROJECTION_FILE))
     code = HF_POOLING_CODE.format(folder=".", pooling_file=POOLING_FILE)
     (tmp / "README.md").write_text(_HF_README.format(pooling_file=POOLING_FILE, code=code, **settings))
 
