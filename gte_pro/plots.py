@@ -63,6 +63,13 @@ def _pyplot() -> Any:
     return plt
 
 
+def _save(plt: Any, figure: Any, path: Path) -> Path:
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
 def _learning_rate(curves: dict[str, Curve]) -> tuple[str, Curve] | None:
     names = sorted(name for name in curves if name.startswith("lr-"))
     return (names[0], curves[names[0]]) if names else None
@@ -92,11 +99,7 @@ def plot_run(run_dir: Path) -> Path | None:
     for ax in (loss_ax, lr_ax, val_ax):
         if ax.lines:
             ax.legend(fontsize=8)
-    figure.tight_layout()
-    path = run_dir / "curves.png"
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    return _save(plt, figure, run_dir / "curves.png")
 
 
 def _line(ax: Any, curve: Curve, label: str, **style: Any) -> None:
@@ -167,11 +170,7 @@ def _plot_metric_vs_key(sweep_dir: Path, rows: Sequence[dict[str, Any]], key: st
             ax.scatter([x], [score], marker="*", s=250, color="tab:red", label="best", zorder=3)
     ax.set(xlabel=key, ylabel=metric, title=f"{metric} against {key}")
     ax.legend(fontsize=8)
-    figure.tight_layout()
-    path = sweep_dir / f"metric_vs_{_slug(key)}.png"
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    return _save(plt, figure, sweep_dir / f"metric_vs_{_slug(key)}.png")
 
 
 def _plot_sweep_curves(sweep_dir: Path, rows: Sequence[dict[str, Any]], metric: str,
@@ -190,8 +189,4 @@ def _plot_sweep_curves(sweep_dir: Path, rows: Sequence[dict[str, Any]], metric: 
     loss_ax.set(title="train loss", xlabel="step")
     val_ax.set(title=metric, xlabel="step")
     val_ax.legend(fontsize=7)
-    figure.tight_layout()
-    path = sweep_dir / "curves.png"
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    return _save(plt, figure, sweep_dir / "curves.png")
