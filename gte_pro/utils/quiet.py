@@ -28,6 +28,9 @@ QUIET_LOGGERS = {
     "sentence_transformers": logging.WARNING,
     "transformers": logging.ERROR,
     "huggingface_hub": logging.WARNING,
+    # kept: "Initializing distributed: GLOBAL_RANK: r, MEMBER: r+1/N", the one line per rank that shows a DDP job
+    # formed its process group (and which rank is which)
+    "lightning.fabric.utilities.distributed": logging.INFO,
 }
 
 # warnings raised inside dependencies, about their own internals (message regex)
