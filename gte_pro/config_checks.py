@@ -167,6 +167,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "eval.max_length": integer(1, optional=True),
     "eval.quantization": subset("int8", "binary"),
     "eval.truncate_dims": lambda v: _int_list(v, 1),
+    "eval.before": FLAG,
     # mining (mode=mine); the cross-key rules (range_min < range_max) are gte_pro.mining.core.option_problems'
     "mine.num_negatives": integer(1),
     "mine.range_min": integer(0),

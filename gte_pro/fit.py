@@ -153,11 +153,13 @@ def _log_parameters(encoder: Encoder) -> None:
     log.info("encoder: %.1f M parameters, %.1f M trainable", total / 1e6, trainable / 1e6)
 
 
-def _validate_before(trainer: Trainer, module: ContrastiveModule, datamodule: Any, output_dir: Path,
-                     ckpt_path: str | None) -> dict[str, float] | None:
+def _validate_before(cfg: DictConfig, trainer: Trainer, module: ContrastiveModule, datamodule: Any,
+                     output_dir: Path, ckpt_path: str | None) -> dict[str, float] | None:
     """The untrained model's metrics: measured on a run's first start and kept in the run folder, so that a
     resumed run reports the same numbers as an uninterrupted one."""
     record = output_dir / VAL_BEFORE
+    if not OmegaConf.select(cfg, "eval.before", default=True):
+        return None  # eval.before=false: the untrained model's figures are not needed (a sweep measures them once)
     if ckpt_path:
         return json.loads(record.read_text(encoding="utf-8")) if record.is_file() else None
     before = merge_results(trainer.validate(module, datamodule=datamodule, verbose=False))
@@ -181,7 +183,7 @@ def _fit_validate_export(cfg: DictConfig, output_dir: Path, module: ContrastiveM
     elif cfg.get("lr_find"):
         suggested_lr = run_lr_find(trainer, module, datamodule, output_dir, cfg.get("lr_find_steps", 100))
     with times.phase("validation before"):
-        before = _validate_before(trainer, module, datamodule, output_dir, ckpt_path)
+        before = _validate_before(cfg, trainer, module, datamodule, output_dir, ckpt_path)
     if before:
         optimized_value(before, cfg.get("optimized_metric"))  # a wrong name fails now, not after training
     with times.phase("training"):

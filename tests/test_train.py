@@ -162,3 +162,12 @@ def test_an_unknown_optimized_metric_fails_before_training(make_cfg, tmp_path):
                                          r"valid choices: .*val/ndcg@10"):
         train(cfg)
     assert not (tmp_path / "metric" / "checkpoints").exists()  # it stopped before the first step
+
+
+def test_eval_before_false_skips_the_untrained_models_validation(make_cfg, tmp_path):
+    cfg = make_cfg(["debug=fast", "logger=none", "eval.before=false"], output_dir=tmp_path / "nobefore")
+    value = train(cfg)
+    metrics = json.loads((tmp_path / "nobefore" / "metrics.json").read_text())
+    assert metrics["val_before"] is None and value == pytest.approx(metrics["val"]["val/ndcg@10"])
+    assert not (tmp_path / "nobefore" / "val_before.json").exists()
+    assert "ndcg@10 before" not in (tmp_path / "nobefore" / "metrics.md").read_text()
