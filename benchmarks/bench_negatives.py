@@ -19,9 +19,10 @@ trainer.max_epochs=2, seed=S) plus its variant's:
   remine   mined + data.remine.every_n_epochs=1: re-mined with the current weights at the start of epoch 2
   (each with -infonce and -gte: the loss's own default temperature, conf/loss/*.yaml)
 
-The figure is ``val/<set>/ndcg@10`` of the run's ``metrics.json`` after the last step (``callbacks=none`` and no
+The untrained model is evaluated once (``mode=eval``), the runs skip it (``eval.before=false``). The figure is
+``val/<set>/ndcg@10`` of the run's ``metrics.json`` after the last step (``callbacks=none`` and no
 checkpoints: no checkpoint selection, so every variant is scored at the same step count; the corpus is embedded
-before and after training only, not after each epoch). Runs go one after the other; a failed run
+after training only, not after each epoch). Runs go one after the other; a failed run
 is reported with its reason and the others go on. The table gives mean ± sample std over the seeds and each seed's
 value; the summary says whether the best recipe beats in-batch negatives by more than the seed-to-seed spread.
 """
@@ -57,13 +58,14 @@ def pydocs_set(args: argparse.Namespace) -> Path:
 
 
 def common_overrides(args: argparse.Namespace, data: Path) -> list[str]:
-    # validation only before and after training: each one embeds the whole corpus, and no checkpoint is selected
+    # validation after training only (the untrained model is evaluated once, by untrained_command): each validation
+    # embeds the whole corpus, and no checkpoint is selected
     length = [f"trainer.max_steps={args.steps}", "trainer.max_epochs=-1", "trainer.val_check_interval=null",
               f"trainer.check_val_every_n_epoch={10**6}"] if args.steps else [
         f"trainer.max_epochs={args.epochs}", f"trainer.check_val_every_n_epoch={args.epochs}"]
     return [f"model={args.model}", "data=jsonl", f"eval.beir=[{data / 'beir'}]", f"model.lr={args.lr}",
             f"data.batch_size={args.batch_size}", *length, "callbacks=none", "+trainer.enable_checkpointing=false",
-            "export.hf=false", "export.model_card=false", "logger=csv",
+            "export.hf=false", "export.model_card=false", "logger=csv", "eval.before=false",
             f"paths.cache_dir={Path(args.workdir) / 'cache'}", *args.override]
 
 
@@ -87,6 +89,26 @@ def train_command(variant: str, seed: int, args: argparse.Namespace, data: Path)
             f"loss={loss}", *extra, f"seed={seed}", f"hydra.run.dir={run_dir(variant, seed, args)}"]
 
 
+def untrained_command(args: argparse.Namespace, data: Path) -> list[str]:
+    """NDCG@10 of the model before any training, once for every run (``mode=eval`` on the same set and lengths)."""
+    work = Path(args.workdir)
+    return [sys.executable, "train.py", "mode=eval", f"model={args.model}", f"eval.beir=[{data / 'beir'}]",
+            f"paths.cache_dir={work / 'cache'}", f"hydra.run.dir={work / 'runs' / 'untrained'}", *args.override]
+
+
+def untrained_ndcg(args: argparse.Namespace, data: Path) -> float | None:
+    command, record = untrained_command(args, data), Path(args.workdir) / "runs" / "untrained.json"
+    if args.reuse and record.is_file() and json.loads(record.read_text()).get("command") == command:
+        return json.loads(record.read_text())["ndcg"]
+    result = run(command, Path(args.workdir) / "runs" / "untrained.log", args)
+    if "error" in result:
+        return None
+    sets = json.loads((Path(args.workdir) / "runs" / "untrained" / "metrics.json").read_text())["sets"]
+    ndcg = sets[(data / "beir").name]["metrics"]["ndcg@10"]
+    record.write_text(json.dumps({"command": command, "ndcg": ndcg}) + "\n")
+    return ndcg
+
+
 def mine_once(args: argparse.Namespace, data: Path) -> Result:
     """The mined file (``--reuse``: the one already there, if the mining command was the same)."""
     command, record = mine_command(args, data), Path(args.workdir) / "runs" / "mine.json"
@@ -106,7 +128,7 @@ def read_ndcg(folder: Path, set_name: str) -> dict[str, float | None]:
     """NDCG@10 on the test queries after training, and of the untrained model, from the run's metrics.json."""
     metrics = json.loads((folder / "metrics.json").read_text())
     key = f"val/{set_name}/ndcg@10"
-    return {"ndcg": (metrics.get("val") or {}).get(key), "ndcg_before": (metrics.get("val_before") or {}).get(key),
+    return {"ndcg": (metrics.get("val") or {}).get(key),
             "steps": metrics.get("global_step")}
 
 
@@ -170,7 +192,7 @@ def verdict(table: list[Result]) -> list[str]:
     return lines
 
 
-def report(rows: list[Result], table: list[Result], args: argparse.Namespace) -> None:
+def report(rows: list[Result], table: list[Result], args: argparse.Namespace, before: float | None) -> None:
     import torch
 
     print(f"\nNDCG@10 on the pydocs test queries ({args.max_test} queries, {args.max_train} training pairs), "
@@ -179,7 +201,6 @@ def report(rows: list[Result], table: list[Result], args: argparse.Namespace) ->
           + f", {args.negatives} mined negative(s) per query; seeds {args.seeds}")
     print(f"CPU capability: {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}, "
           f"CUDA: {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}\n")
-    before = next((r["ndcg_before"] for r in rows if r.get("ndcg_before") is not None), None)
     print(f"untrained model: {before:.4f}\n" if before is not None else "", end="")
     print(harness.table([
         Column("variant", "variant", numeric=False, key=True), Column("NDCG@10 mean", "mean", ".4f"),
@@ -225,16 +246,17 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     data = pydocs_set(args)
     needs_mining = any(not v.startswith("inbatch") for v in args.variant_list)
-    commands = ([mine_command(args, data)] if needs_mining else []) + [
+    commands = [untrained_command(args, data)] + ([mine_command(args, data)] if needs_mining else []) + [
         train_command(v, s, args, data) for s in args.seed_list for v in args.variant_list]
     print("commands (in this order):\n" + "\n".join(shlex.join(c) for c in commands))
     if args.dry_run:
         return
+    before = untrained_ndcg(args, data)
     mined = mine_once(args, data) if needs_mining else None
     # seed-major order: a benchmark cut short still has every variant at the first seeds
     rows = [train_one(v, s, args, data, mined) for s in args.seed_list for v in args.variant_list]
     table = summarize(rows, args.variant_list)
-    report(rows, table, args)
+    report(rows, table, args, before)
     harness.write_json(args.json or str(Path(args.workdir) / "results.json"),
                        {"settings": vars(args), "commands": [shlex.join(c) for c in commands], "mine": mined,
                         "runs": rows, "table": table})
