@@ -100,6 +100,8 @@ def untrained_ndcg(args: argparse.Namespace, data: Path) -> float | None:
     command, record = untrained_command(args, data), Path(args.workdir) / "runs" / "untrained.json"
     if args.reuse and record.is_file() and json.loads(record.read_text()).get("command") == command:
         return json.loads(record.read_text())["ndcg"]
+    if args.report:
+        return None
     result = run(command, Path(args.workdir) / "runs" / "untrained.log", args)
     if "error" in result:
         return None
@@ -114,6 +116,8 @@ def mine_once(args: argparse.Namespace, data: Path) -> Result:
     command, record = mine_command(args, data), Path(args.workdir) / "runs" / "mine.json"
     if args.reuse and record.is_file() and json.loads(record.read_text()).get("command") == command:
         return json.loads(record.read_text())["result"]
+    if args.report:
+        return {"error": "no mining record"}
     result = run(command, Path(args.workdir) / "runs" / "mine.log", args)
     if "error" not in result:
         record.write_text(json.dumps({"command": command, "result": result}, default=str) + "\n")
@@ -140,7 +144,7 @@ def run(cmd: list[str], log: Path, args: argparse.Namespace) -> Result:
 
 def train_one(variant: str, seed: int, args: argparse.Namespace, data: Path, mined: Result | None) -> Result:
     row = {"variant": variant, "seed": seed}
-    if not variant.startswith("inbatch") and mined is not None and "error" in mined:
+    if not variant.startswith("inbatch") and mined is not None and "error" in mined and not args.report:
         return {**row, "error": f"mining failed: {mined['error']}"}
     folder = run_dir(variant, seed, args)
     command = train_command(variant, seed, args, data)
@@ -148,6 +152,8 @@ def train_one(variant: str, seed: int, args: argparse.Namespace, data: Path, min
     if args.reuse and record.is_file() and json.loads(record.read_text()).get("command") == command:
         print(f"reused: {variant} seed {seed} ({record})", file=sys.stderr, flush=True)
         return json.loads(record.read_text())["result"]
+    if args.report:
+        return {**row, "not_run": True}
     shutil.rmtree(folder, ignore_errors=True)  # a fresh run, never a resumed one
     result = run(command, folder.with_suffix(".log"), args)
     result = {**row, **result} if "error" in result else {**row, **result, **read_ndcg(folder, (data / "beir").name)}
@@ -160,10 +166,10 @@ def summarize(rows: list[Result], variants: list[str]) -> list[Result]:
     """One row per variant: mean ± std of NDCG@10 over its successful seeds, and each seed's value."""
     table = []
     for variant in variants:
-        runs = [r for r in rows if r["variant"] == variant]
+        runs = [r for r in rows if r["variant"] == variant and not r.get("not_run")]
         values = [r["ndcg"] for r in runs if r.get("ndcg") is not None]
         if not values:
-            failed = next((r for r in runs if "error" in r), {"error": "no result"})
+            failed = next((r for r in runs if "error" in r), {"error": "not run"})
             table.append({"variant": variant, "error": failed["error"]})
             continue
         table.append({"variant": variant, "mean": statistics.mean(values),
@@ -184,8 +190,12 @@ def verdict(table: list[Result]) -> list[str]:
         if not base or not others:
             continue
         best = max(others, key=lambda r: r["mean"])
-        spread = max((r["std"] or 0.0) for r in (base, best))
         margin = best["mean"] - base["mean"]
+        if base["std"] is None or best["std"] is None:
+            lines.append(f"{loss}: best {best['variant']} {margin:+.4f} NDCG@10 over inbatch-{loss}; the spread needs "
+                         "2+ seeds of both")
+            continue
+        spread = max(base["std"], best["std"])
         lines.append(f"{loss}: best {best['variant']} {margin:+.4f} NDCG@10 over inbatch-{loss}; seed-to-seed std "
                      f"up to {spread:.4f}: {'beats' if margin > spread else 'does NOT beat'} in-batch by more than "
                      "the spread")
@@ -230,10 +240,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=None, help="seconds per process before it is killed")
     parser.add_argument("--json", help="write every run's result to this file (default: <workdir>/results.json)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    parser.add_argument("--report", action="store_true",
+                        help="only the table of the runs already recorded (implies --reuse); runs nothing")
     parser.add_argument("--reuse", action="store_true",
                         help="keep the result of a run (and the mined file) whose command is unchanged: a benchmark "
                              "cut short, or extended by seeds or variants, only runs what is missing")
     args = parser.parse_args(argv)
+    args.reuse = args.reuse or args.report
     args.seed_list = [int(s) for s in args.seeds.split(",")]
     args.variant_list = args.variants.split(",")
     unknown = sorted(set(args.variant_list) - set(VARIANTS))
