@@ -116,6 +116,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     # numpy's range: Lightning replaces any other seed by 0, with only a warning
     "seed": lambda v: integer(0)(v) or (None if v <= 2**32 - 1 else "expected an integer <= 4294967295"),
     "devices": _devices,
+    "nodes": integer(1),
     "mode": choice("train", "eval", "mine"),
     "lr_find": FLAG,
     "lr_find_steps": integer(1),
@@ -280,12 +281,23 @@ def _lr_problems(cfg: DictConfig) -> list[str]:
             f"alone (optimizer.lr follows it); set model.lr={optimizer_lr} instead"]
 
 
+def _topology_problems(cfg: DictConfig) -> list[str]:
+    """``nodes`` is the one source of the node count: the trainer's num_nodes follows it."""
+    nodes = OmegaConf.select(cfg, "nodes", default=None, throw_on_missing=False)
+    num_nodes = OmegaConf.select(cfg, "trainer.num_nodes", default=None, throw_on_missing=False)
+    if nodes is None or num_nodes is None or num_nodes == nodes:
+        return []
+    return [f"trainer.num_nodes={num_nodes!r} differs from nodes={nodes!r}: the node count is `nodes` alone "
+            f"(trainer.num_nodes and hydra.launcher.nodes follow it); set nodes={num_nodes} instead"]
+
+
 def config_problems(cfg: DictConfig) -> list[str]:
     """Every problem of ``cfg`` as one line naming the key, its value and what is valid; [] for a good config."""
     unusable = _unset_or_unresolvable(cfg)
     problems = _absent_groups(cfg) + list(unusable.values()) + _mix_problems(cfg)
     if "optimizer.lr" not in unusable and "model.lr" not in unusable:
         problems += _lr_problems(cfg)
+    problems += _topology_problems(cfg)
     for key, rule in {**RULES, **_source_rules(cfg)}.items():
         if key in unusable:
             continue

@@ -27,5 +27,5 @@ def train(cfg: DictConfig) -> float | None:
         raise ValueError(f"mode={mode!r} is not valid; valid choices: {', '.join(MODES)}")
     quiet_third_party()  # the log keeps what a user can act on (gte_pro.utils.quiet)
     check_config(cfg)  # a wrong type or range fails here, naming the key, not as a TypeError deep inside
-    with job_scope(cfg.devices):
+    with job_scope(cfg.devices, cfg.get("nodes", 1)):
         return MODES[mode](cfg)

@@ -64,6 +64,7 @@ def _value_cases() -> list[Case]:
         "loss.temperature": ["0", "-0.05", "abc"], "loss.mini_batch_size": ["0"],
         "loss.max_skipped_steps": ["-1", "many"],
         "seed": ["abc", "-1", "1.5", str(2**40)], "devices": ["abc", "0", "-2", "1.5", "true", "[]"],
+        "nodes": ["abc", "0", "-1", "1.5"],
         "trainer.max_epochs": ["abc", "1.5"], "trainer.max_steps": ["abc", "-5"],
         "trainer.accumulate_grad_batches": ["0", "abc"], "trainer.gradient_clip_val": ["-1", "abc"],
         "trainer.limit_train_batches": ["-1", "abc"], "trainer.val_check_interval": ["0"],
@@ -124,6 +125,12 @@ def _launcher_cases() -> list[Case]:
                  slurm=True),
         launcher(["hydra.sweep.dir='/tmp/x\ny'"], "submitit_folder", "newline", slurm=True),
         cli(["devices=2"], "devices=2", "task(s) per node", kind="scheduler", env={"SUBMITIT_LOCAL_NTASKS": "1"}),
+        # the topology: nodes x devices, one source for the trainer and the launcher
+        cli(["nodes=2", "trainer.num_nodes=1"], "trainer.num_nodes", "nodes=2"),
+        cli(["nodes=2"], "nodes=2", "multi-node launcher", kind="scheduler"),
+        launcher(["nodes=2"], "nodes=2", "hydra/launcher=local"),
+        launcher([], "hydra.launcher.nodes", "nodes=2", jobs=[["nodes=1"], ["nodes=2"]], slurm=True),
+        launcher(["nodes=2", "hydra.launcher.nodes=1"], "hydra.launcher.nodes", "nodes=2", slurm=True),
         cli(["devices=1"], "devices=1", "task(s) per node", kind="scheduler",
             env={"SLURM_JOB_ID": "7", "SLURM_NTASKS_PER_NODE": "4", "SLURM_JOB_NAME": "train"}),
     ]

@@ -86,7 +86,11 @@ def run_cli(kind: str, ctx: dict[str, Any], tokenizer: Any, folder: Path, cache:
     from gte_pro.builders import build_datamodule, build_trainer
     from gte_pro.config_checks import check_config
     from gte_pro.evaluation.sets import load_eval_sets
-    from gte_pro.launch.environment import check_devices_match_tasks, tasks_per_node_from_scheduler
+    from gte_pro.launch.environment import (
+        check_devices_match_tasks,
+        check_multi_node_launch,
+        tasks_per_node_from_scheduler,
+    )
     from hydra_plugins.gte_pro_launcher.launchers import _check_jobs
 
     GlobalHydra.instance().clear()
@@ -102,6 +106,7 @@ def run_cli(kind: str, ctx: dict[str, Any], tokenizer: Any, folder: Path, cache:
         cfg.paths.cache_dir = str(cache)
     check_config(cfg)  # train() starts here
     check_devices_match_tasks(cfg.devices, tasks_per_node_from_scheduler())  # then job_scope
+    check_multi_node_launch(cfg.nodes)
     load_eval_sets(cfg.get("eval"))
     datamodule = build_datamodule(cfg, tokenizer)
     if ctx["setup"]:

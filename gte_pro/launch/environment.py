@@ -107,6 +107,21 @@ def check_devices_match_tasks(devices: Any, tasks_per_node: Any) -> None:
         )
 
 
+def check_nodes_match(nodes: Any, launcher_nodes: Any, local: bool) -> None:
+    """``nodes`` (the job's) must be what the launcher allocates: SLURM's ``nodes`` is resolved once for a whole
+    sweep, so a sweep over ``nodes`` (like one over ``devices``) cannot be submitted; submitit_local is one machine."""
+    if isinstance(nodes, bool) or not str(nodes).strip().isdigit() or int(nodes) < 1:
+        raise ValueError(f"nodes={nodes!r} is not valid; valid choices: a positive integer")
+    nodes = int(nodes)
+    if local and nodes != 1:
+        raise ValueError(f"nodes={nodes} with hydra/launcher=local: it starts every task on this machine; use "
+                         "hydra/launcher=slurm for several nodes, or nodes=1")
+    if launcher_nodes is not None and not local and int(launcher_nodes) != nodes:
+        raise ValueError(f"nodes={nodes} but hydra.launcher.nodes={launcher_nodes}: the launcher allocates one node "
+                         "count for the whole sweep; leave hydra.launcher.nodes at ${nodes} and run one sweep per "
+                         "node count")
+
+
 def _set_nccl_error_handling() -> None:
     """On GPUs: a rank stuck in a collective (a dead peer, a rank still exporting) raises after the process-group
     timeout (strategy.timeout) instead of hanging the job until the wall-clock limit. The user's values win."""
@@ -128,10 +143,22 @@ def without_distributed_env() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def job_scope(devices: Any) -> Iterator[None]:
+def check_multi_node_launch(nodes: Any) -> None:
+    """Several nodes need something that starts a process per device on each of them (SLURM, torchrun): started
+    by hand on one machine, rank 0 would wait for the other nodes until the process-group timeout."""
+    if int(nodes or 1) <= 1:
+        return
+    if "SLURM_JOB_ID" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ or "NODE_RANK" in os.environ:
+        return
+    raise ValueError(f"nodes={nodes} needs a multi-node launcher: python train.py -m hydra/launcher=slurm "
+                     f"nodes={nodes} ..., or torchrun --nnodes {nodes} on each node (README: SLURM, Nodes)")
+
+
+def job_scope(devices: Any, nodes: Any = 1) -> Iterator[None]:
     """Run one training job with a clean distributed environment, and leave one behind."""
     saved = {key: os.environ.get(key) for key in DIST_ENV_KEYS}
     check_devices_match_tasks(devices, tasks_per_node_from_scheduler())
+    check_multi_node_launch(nodes)
     _export_submitit_local_env()
     _set_nccl_error_handling()
     patch_lightning_ddp_relaunch()

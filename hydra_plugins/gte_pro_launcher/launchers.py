@@ -19,7 +19,7 @@ from typing import Any
 
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher as _submitit
 
-from gte_pro.launch.environment import check_devices_match_tasks, without_distributed_env
+from gte_pro.launch.environment import check_devices_match_tasks, check_nodes_match, without_distributed_env
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
@@ -57,6 +57,8 @@ def _check_jobs(launcher: Any, job_overrides: Sequence[Sequence[str]]) -> None:
     for overrides in job_overrides:
         values = dict(o.split("=", 1) for o in overrides if "=" in o)
         check_devices_match_tasks(values.get("devices", launcher.config.devices), 1 if tasks is None else tasks)
+        check_nodes_match(values.get("nodes", launcher.config.get("nodes", 1)), launcher.params.get("nodes"),
+                          local=isinstance(launcher, LocalLauncher))
 
 
 class _CheckedLaunch:
