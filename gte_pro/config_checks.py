@@ -9,7 +9,6 @@ string). ``check_config`` names every bad key, its value and what is valid, in o
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,8 +17,19 @@ from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from gte_pro.launch.environment import device_count
-from gte_pro.model import LORA_KEYS, PROJECTION_KEYS
+from gte_pro.config_rules import (
+    FLAG,
+    choice,
+    devices_value,
+    int_list,
+    integer,
+    known_keys,
+    number,
+    number_list,
+    subset,
+)
+from gte_pro.heads import PROJECTION_KEYS
+from gte_pro.lora import LORA_KEYS
 
 
 class ConfigError(ValueError):
@@ -30,92 +40,10 @@ _ABSENT = object()
 REQUIRED_GROUPS = ("model", "data", "loss", "optimizer", "trainer")
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def integer(low: int | None = None, optional: bool = False) -> Callable[[Any], str | None]:
-    """An int (not a bool) of at least ``low``; ``optional``: or null."""
-    def check(value: Any) -> str | None:
-        if value is None and optional:
-            return None
-        if isinstance(value, int) and not isinstance(value, bool) and (low is None or value >= low):
-            return None
-        return "expected an integer" + (f" >= {low}" if low is not None else "") + (" or null" if optional else "")
-    return check
-
-
-def number(low: float | None = None, high: float | None = None, open_low: bool = False, open_high: bool = False,
-           optional: bool = False) -> Callable[[Any], str | None]:
-    """A finite int or float between ``low`` and ``high`` (``open_*``: the bound itself excluded)."""
-    def check(value: Any) -> str | None:
-        if value is None and optional:
-            return None
-        if _number(value) and (low is None or value > low or (value == low and not open_low)) and (
-                high is None or value < high or (value == high and not open_high)):
-            return None
-        bounds = [f"{'>' if open_low else '>='} {low}"] if low is not None else []
-        bounds += [f"{'<' if open_high else '<='} {high}"] if high is not None else []
-        return " ".join(part for part in ("expected a number", " and ".join(bounds), "or null" * optional) if part)
-    return check
-
-
-def choice(*options: Any) -> Callable[[Any], str | None]:
-    """One of ``options``, of the same type too (``1`` is not ``true``, the string ``"false"`` is not ``false``)."""
-    shown = ", ".join("null" if o is None else str(o).lower() if isinstance(o, bool) else str(o) for o in options)
-
-    def check(value: Any) -> str | None:
-        return None if any(value == o and type(value) is type(o) for o in options) else f"valid choices: {shown}"
-    return check
-
-
-def subset(*options: str) -> Callable[[Any], str | None]:
-    """A list of distinct ``options`` (possibly empty)."""
-    def check(value: Any) -> str | None:
-        if isinstance(value, list) and all(v in options for v in value) and len(set(value)) == len(value):
-            return None
-        return f"expected a list of distinct values of: {', '.join(options)}"
-    return check
-
-
-def _int_list(value: Any, low: int) -> str | None:
-    """null, or a non-empty list of distinct integers >= low."""
-    if value is None or (isinstance(value, list) and value and len(set(value)) == len(value) and all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= low for v in value)):
-        return None
-    return f"expected null or a list of distinct integers >= {low}"
-
-
-def _number_list(value: Any) -> str | None:
-    """null, or a list of finite numbers >= 0."""
-    if value is None or (isinstance(value, list) and all(_number(v) and v >= 0 for v in value)):
-        return None
-    return "expected null or a list of numbers >= 0"
-
-
-def _options(value: Any, keys: dict[str, Any], example: str) -> str | None:
-    """null, or a dict of some of ``keys`` (the encoder checks the values)."""
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        return f"expected null or a dict such as {example}"
-    unknown = sorted(set(value) - set(keys))
-    return f"unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(keys)}" if unknown else None
-
-
-def _devices(value: Any) -> str | None:
-    try:
-        device_count(value)
-    except ValueError:
-        return "valid choices: a positive integer, auto, -1 (all), or device indices such as [0,1]"
-    return None
-
-
-FLAG = choice(True, False)
 RULES: dict[str, Callable[[Any], str | None]] = {
     # numpy's range: Lightning replaces any other seed by 0, with only a warning
     "seed": lambda v: integer(0)(v) or (None if v <= 2**32 - 1 else "expected an integer <= 4294967295"),
-    "devices": _devices,
+    "devices": devices_value,
     "nodes": integer(1),
     "mode": choice("train", "eval", "mine"),
     "lr_find": FLAG,
@@ -128,14 +56,14 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "model.max_length": integer(1),
     "model.gradient_checkpointing": FLAG,
     "model.compile": FLAG,
-    "model.lora": lambda v: _options(v, LORA_KEYS, "{r: 16, alpha: 32, dropout: 0.1}"),
-    "model.projection": lambda v: _options(v, PROJECTION_KEYS, "{dims: [512, 512], activation: relu, dropout: 0.1}"),
+    "model.lora": lambda v: known_keys(v, LORA_KEYS, "{r: 16, alpha: 32, dropout: 0.1}"),
+    "model.projection": lambda v: known_keys(v, PROJECTION_KEYS, "{dims: [512, 512], activation: relu, dropout: 0.1}"),
     "loss.temperature": number(0, open_low=True),
     "loss.mini_batch_size": integer(1, optional=True),
     "loss.max_skipped_steps": integer(0),
     "loss.similarity": choice("cosine", "dot"),
-    "loss.matryoshka_dims": lambda v: _int_list(v, 1),
-    "loss.matryoshka_weights": lambda v: _number_list(v),
+    "loss.matryoshka_dims": lambda v: int_list(v, 1),
+    "loss.matryoshka_weights": lambda v: number_list(v),
     "data.batch_size": integer(2),
     "data.eval_batch_size": integer(1),
     "data.num_negatives": integer(0),
@@ -167,7 +95,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "eval.batch_size": integer(1, optional=True),
     "eval.max_length": integer(1, optional=True),
     "eval.quantization": subset("int8", "binary"),
-    "eval.truncate_dims": lambda v: _int_list(v, 1),
+    "eval.truncate_dims": lambda v: int_list(v, 1),
     "eval.before": FLAG,
     # mining (mode=mine); the cross-key rules (range_min < range_max) are gte_pro.mining.core.option_problems'
     "mine.num_negatives": integer(1),

@@ -19,6 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModel, AutoTokenizer, BertConfig, PreTrainedTokenizerBase
 
+from gte_pro.heads import build_projection, load_dense_head
+from gte_pro.lora import with_lora
+
 log = logging.getLogger(__name__)
 
 POOLING_MODES = ("mean", "cls", "last")
@@ -83,82 +86,6 @@ def detect_pooling(name_or_path: str) -> tuple[str | None, bool | None]:
     if isinstance(modules, list):
         normalize = any(str(m.get("type", "")).endswith("Normalize") for m in modules)
     return pooling, normalize
-
-
-PROJECTION_KEYS = {"dims": None, "activation": "relu", "dropout": 0.1}
-ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "identity": nn.Identity}
-
-
-def build_projection(hidden: int, options: dict[str, Any]) -> nn.Sequential:
-    """Linear layers of ``options["dims"]`` on top of pooling, each but the last followed by the activation and
-    dropout: ``{dims: [512, 512], activation: relu, dropout: 0.1}`` is hidden -> 512 -> ReLU -> dropout -> 512."""
-    unknown = sorted(set(options) - set(PROJECTION_KEYS))
-    if unknown:
-        raise ValueError(f"model.projection: unknown key(s) {', '.join(unknown)}; valid keys: "
-                         f"{', '.join(PROJECTION_KEYS)}")
-    settings = {**PROJECTION_KEYS, **options}
-    dims = list(settings["dims"] or [])
-    if not dims or any(not isinstance(d, int) or d < 1 for d in dims):
-        raise ValueError(f"model.projection.dims={settings['dims']!r}: expected a list of positive integers, "
-                         "e.g. [512, 512]")
-    if settings["activation"] not in ACTIVATIONS:
-        raise ValueError(f"model.projection.activation={settings['activation']!r} is not valid; valid choices: "
-                         f"{', '.join(ACTIVATIONS)}")
-    layers: list[nn.Module] = []
-    for index, (width_in, width_out) in enumerate(zip([hidden, *dims], dims, strict=False)):
-        layers.append(nn.Linear(width_in, width_out))
-        if index < len(dims) - 1:
-            layers += [ACTIVATIONS[settings["activation"]](), nn.Dropout(float(settings["dropout"]))]
-    return nn.Sequential(*layers)
-
-
-def load_dense_head(name_or_path: str) -> nn.Sequential | None:
-    """The Dense modules of a local sentence-transformers folder (modules.json), as a head of Linear layers and
-    their activations with the folder's weights; None when it has none."""
-    modules = _read_json(Path(name_or_path) / "modules.json")
-    if not isinstance(modules, list):
-        return None
-    dense = [m for m in modules if str(m.get("type", "")).endswith("Dense")]
-    layers: list[nn.Module] = []
-    for entry in dense:
-        folder = Path(name_or_path) / entry["path"]
-        config = _read_json(folder / "config.json") or {}
-        linear = nn.Linear(config["in_features"], config["out_features"], bias=config.get("bias", True))
-        from safetensors.torch import load_file
-
-        weights = load_file(str(folder / "model.safetensors"))
-        linear.load_state_dict({key.removeprefix("linear."): value for key, value in weights.items()})
-        activation = str(config.get("activation_function", "torch.nn.modules.activation.Tanh")).rsplit(".", 1)[-1]
-        kinds = {kind.__name__: kind for kind in ACTIVATIONS.values()}
-        if activation not in kinds:
-            raise ValueError(f"{folder / 'config.json'}: activation_function {activation} is not supported; "
-                             f"supported: {', '.join(kinds)}")
-        layers += [linear] + ([kinds[activation]()] if activation != "Identity" else [])
-    if layers:
-        log.info("%s: %d Dense module(s) loaded as the projection head", name_or_path, len(dense))
-    return nn.Sequential(*layers) if layers else None
-
-
-LORA_KEYS = {"r": 16, "alpha": 32, "dropout": 0.1, "target_modules": None}
-
-
-def with_lora(backbone: nn.Module, options: dict[str, Any]) -> nn.Module:
-    """``backbone`` with LoRA adapters (peft): only the adapters train. ``options``: ``r``, ``alpha``, ``dropout``,
-    ``target_modules`` (null: peft's choice for the architecture, e.g. BERT's query and value projections)."""
-    from peft import LoraConfig, get_peft_model
-
-    unknown = sorted(set(options) - set(LORA_KEYS))
-    if unknown:
-        raise ValueError(f"model.lora: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(LORA_KEYS)}")
-    settings = {**LORA_KEYS, **options}
-    target_modules = settings["target_modules"]
-    config = LoraConfig(r=int(settings["r"]), lora_alpha=float(settings["alpha"]),
-                        lora_dropout=float(settings["dropout"]), bias="none",
-                        target_modules=list(target_modules) if target_modules else None)
-    try:
-        return get_peft_model(backbone, config)
-    except ValueError as error:  # e.g. target modules that the architecture does not have
-        raise ValueError(f"model.lora: {error}") from error
 
 
 def _refuse_remote_code(error: Exception, name_or_path: str, trust_remote_code: bool) -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gte_pro.model import Encoder, build_projection
+from gte_pro.heads import build_projection
+from gte_pro.model import Encoder
 from gte_pro.module import ContrastiveModule
 from gte_pro.train import train
 

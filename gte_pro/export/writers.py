@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from gte_pro.model import ACTIVATIONS, Encoder
+from gte_pro.heads import ACTIVATIONS
+from gte_pro.model import Encoder
 from gte_pro.utils.files import write_atomic
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,29 @@
+"""LoRA adapters through peft (``model.lora``): only the adapters train; ``gte_pro.model.Encoder.save`` merges them
+into a copy of the weights for the exports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+LORA_KEYS = {"r": 16, "alpha": 32, "dropout": 0.1, "target_modules": None}
+
+
+def with_lora(backbone: nn.Module, options: dict[str, Any]) -> nn.Module:
+    """``backbone`` with LoRA adapters (peft): only the adapters train. ``options``: ``r``, ``alpha``, ``dropout``,
+    ``target_modules`` (null: peft's choice for the architecture, e.g. BERT's query and value projections)."""
+    from peft import LoraConfig, get_peft_model
+
+    unknown = sorted(set(options) - set(LORA_KEYS))
+    if unknown:
+        raise ValueError(f"model.lora: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(LORA_KEYS)}")
+    settings = {**LORA_KEYS, **options}
+    target_modules = settings["target_modules"]
+    config = LoraConfig(r=int(settings["r"]), lora_alpha=float(settings["alpha"]),
+                        lora_dropout=float(settings["dropout"]), bias="none",
+                        target_modules=list(target_modules) if target_modules else None)
+    try:
+        return get_peft_model(backbone, config)
+    except ValueError as error:  # e.g. target modules that the architecture does not have
+        raise ValueError(f"model.lora: {error}") from error
