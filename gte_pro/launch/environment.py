@@ -142,7 +142,6 @@ def without_distributed_env() -> Iterator[None]:
         os.environ.update(saved)
 
 
-@contextlib.contextmanager
 def check_multi_node_launch(nodes: Any) -> None:
     """Several nodes need something that starts a process per device on each of them (SLURM, torchrun): started
     by hand on one machine, rank 0 would wait for the other nodes until the process-group timeout."""
@@ -154,6 +153,7 @@ def check_multi_node_launch(nodes: Any) -> None:
                      f"nodes={nodes} ..., or torchrun --nnodes {nodes} on each node (README: SLURM, Nodes)")
 
 
+@contextlib.contextmanager
 def job_scope(devices: Any, nodes: Any = 1) -> Iterator[None]:
     """Run one training job with a clean distributed environment, and leave one behind."""
     saved = {key: os.environ.get(key) for key in DIST_ENV_KEYS}
