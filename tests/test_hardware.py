@@ -1,4 +1,6 @@
-"""bf16 on a CPU that only emulates it is said before training, not discovered as a 10x slower run."""
+"""Hardware and launch facts checked before a job starts: bf16 on a CPU that only emulates it is said before
+training, not discovered as a 10x slower run; a job scope restores the distributed environment and refuses
+nodes > 1 without a multi-node launcher."""
 
 from __future__ import annotations
 
@@ -38,3 +40,23 @@ def test_building_a_bf16_trainer_on_this_cpu_warns_when_it_emulates(make_cfg, ca
     with caplog.at_level(logging.WARNING, logger="gte_pro.builders"):
         builders.build_trainer(make_cfg(["debug=fast"]), callbacks=[], loggers=[])
     assert "bf16" not in caplog.text
+
+
+def test_a_job_scope_restores_the_distributed_environment_and_checks_the_node_count(monkeypatch):
+    import os
+
+    import pytest
+
+    from gte_pro.launch.environment import job_scope
+
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    with job_scope(1, 1):
+        os.environ["MASTER_PORT"] = "12345"  # as Lightning leaves it behind
+    assert "MASTER_PORT" not in os.environ
+    for key in ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "NODE_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(ValueError, match="nodes=2 needs a multi-node launcher"), job_scope(1, 2):
+        pass
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run")  # torchrun started this process: nodes=2 is its business
+    with job_scope(1, 2):
+        pass
