@@ -189,7 +189,9 @@ def verdict(table: list[Result]) -> list[str]:
         others = [by_name[f"{recipe}-{loss}"] for recipe in RECIPES[1:] if f"{recipe}-{loss}" in by_name]
         if not base or not others:
             continue
-        best = max(others, key=lambda r: r["mean"])
+        # the best recipe among those with a spread (2+ seeds), if the baseline has one too
+        seeded = [r for r in others if r["std"] is not None]
+        best = max(seeded or others, key=lambda r: r["mean"])
         margin = best["mean"] - base["mean"]
         if base["std"] is None or best["std"] is None:
             lines.append(f"{loss}: best {best['variant']} {margin:+.4f} NDCG@10 over inbatch-{loss}; the spread needs "
