@@ -205,6 +205,7 @@ RUN = ["debug=fast", "logger=none", "callbacks.progress_bar=null", "callbacks.la
        "trainer.val_check_interval=5", "export.hf=false"]
 
 
+@pytest.mark.slow
 def test_a_run_stopped_mid_epoch_resumes_to_bit_identical_weights(make_cfg, tmp_path: Path):
     """Uninterrupted vs stopped at step 7 (checkpoint at 6, validation at 5) and started again with the same
     config: the same weights, bit for bit, and the same metrics.json."""
@@ -233,6 +234,7 @@ def _assert_same_run(stopped: Path, reference: Path) -> None:
         {k: v for k, v in b["train"].items() if "_per_s" not in k}
 
 
+@pytest.mark.slow
 def test_a_run_killed_after_early_stopping_decided_stops_there_when_resumed(make_cfg, tmp_path: Path):
     """Lightning does not save trainer.should_stop: without our record, the resumed run would train on."""
     run = [*RUN, "callbacks.early_stopping.patience=0", "callbacks.early_stopping.min_delta=1.0"]

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 
 FAST = ["debug=fast", "logger=none", "callbacks.progress_bar=null"]
@@ -74,6 +76,7 @@ def test_launcher_tasks_must_match_devices_before_anything_is_submitted(tmp_path
     assert not (tmp_path / "bad2" / ".submitit").exists()
 
 
+@pytest.mark.slow
 def test_a_failing_job_is_recorded_and_the_others_are_kept(tmp_path: Path, cache_dir: Path):
     sweep = tmp_path / "failing"
     proc = _run(["-m", *FAST, "model.lr=-1,1e-3", f"hydra.sweep.dir={sweep}", f"paths.cache_dir={cache_dir}"])

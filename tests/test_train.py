@@ -87,6 +87,7 @@ def test_resume_from_checkpoint_continues_the_step_count(fast_run, make_cfg, tmp
     assert metrics["val_before"] is None
 
 
+@pytest.mark.slow
 def test_lr_find_saves_its_plot_and_trains_with_the_suggestion(make_cfg, tmp_path):
     cfg = make_cfg(["debug=fast", "logger=none", "callbacks=none", "lr_find=true", "lr_find_steps=40",
                     "data.max_train_rows=200", "trainer.limit_train_batches=null"], output_dir=tmp_path / "lrf")
