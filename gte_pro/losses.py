@@ -9,6 +9,7 @@ exactly like one process with batch N*B (the loss of each rank is a mean over it
 
 from __future__ import annotations
 
+import abc
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -80,7 +81,7 @@ def gather_with_grad(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     return torch.cat(parts, dim=0), dist.get_rank() * x.shape[0]
 
 
-class ContrastiveLoss(nn.Module):
+class ContrastiveLoss(nn.Module, abc.ABC):
     """Shared plumbing: gathering across devices and candidate layout [positives; negatives].
 
     ``mini_batch_size`` is not used by the loss itself: it tells the training step to compute this loss the cached
@@ -133,8 +134,9 @@ class ContrastiveLoss(nn.Module):
         widest = outputs[self.matryoshka_dims.index(max(self.matryoshka_dims))]  # scores for the train metrics
         return LossOutput(loss, widest.scores, widest.labels)
 
+    @abc.abstractmethod
     def _loss(self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None) -> LossOutput:
-        raise NotImplementedError  # each loss class defines it
+        """One loss over (local queries, local positives, local hard negatives or None): each loss class's own."""
 
     def _scored(self, *embeddings: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         """The embeddings in the space they are scored in: unit length for cosine similarity."""
