@@ -147,10 +147,15 @@ def _plot_curves(output_dir: Path) -> None:
         log.info("training curves: %s", path)
 
 
+def _parameter_counts(encoder: Encoder) -> dict[str, int]:
+    """All of the encoder's parameters (head and LoRA adapters included) and those the optimizer updates."""
+    return {"total": sum(p.numel() for p in encoder.parameters()),
+            "trainable": sum(p.numel() for p in encoder.parameters() if p.requires_grad)}
+
+
 def _log_parameters(encoder: Encoder) -> None:
-    total = sum(p.numel() for p in encoder.parameters())
-    trainable = sum(p.numel() for p in encoder.parameters() if p.requires_grad)
-    log.info("encoder: %.1f M parameters, %.1f M trainable", total / 1e6, trainable / 1e6)
+    counts = _parameter_counts(encoder)
+    log.info("encoder: %.1f M parameters, %.3f M trainable", counts["total"] / 1e6, counts["trainable"] / 1e6)
 
 
 def _validate_before(cfg: DictConfig, trainer: Trainer, module: ContrastiveModule, datamodule: Any,
@@ -206,6 +211,7 @@ def _fit_validate_export(cfg: DictConfig, output_dir: Path, module: ContrastiveM
             "resumed_from": ckpt_path,
             "resume_config_changes": config_changes,
             "lr": module.lr,
+            "parameters": _parameter_counts(module.encoder),
             "lr_find_suggestion": suggested_lr,
             "data": getattr(datamodule, "reports", []),
             "remine": next((cb.costs for cb in callbacks if isinstance(cb, RemineNegatives)), None),
@@ -224,7 +230,7 @@ def _export_and_record(cfg: DictConfig, output_dir: Path, module: ContrastiveMod
         # raises (failing the run) if an export does not reproduce the module
         summary["exports"] = release(module.encoder, output_dir, cfg, summary, fresh=lambda: build_encoder(cfg))
         _plot_curves(output_dir)
-    summary["timing"] = times.record()
+    summary["timing"], summary["peak_rss_mb"] = times.record(), times.peak_rss_mb
     write_json_atomic(output_dir / "metrics.json", summary)
     print(f"\n{times.line()}\n\n{metrics_table(summary['val'], summary['val_before'])}\n"
           f"metrics: {output_dir / 'metrics.json'}\nmodel:   {model_dir}")

@@ -38,7 +38,9 @@ def test_a_default_debug_run_prints_no_noise_and_ends_with_the_table_and_the_mod
     assert proc.returncode == 0, log[-4000:]
     found = {name: re.search(pattern, log).group(0) for name, pattern in NOISE.items() if re.search(pattern, log)}
     assert not found, f"noise in the log: {found}\n{log[-6000:]}"
-    assert proc.stdout.strip().splitlines()[-8].startswith("wall time: ")  # the breakdown, then the table
+    # the breakdown of time and memory, then the table
+    assert proc.stdout.strip().splitlines()[-9].startswith("wall time: ")
+    assert proc.stdout.strip().splitlines()[-8].startswith("peak RSS at the end of: setup ")
     last = proc.stdout.strip().splitlines()[-6:]
     assert last[0].startswith("| set | ndcg@10 | ndcg@10 before") and last[2].startswith("| held-out |")
     assert last[-2] == f"metrics: {run_dir / 'metrics.json'}" and last[-1] == f"model:   {run_dir / 'model'}"

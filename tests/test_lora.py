@@ -53,6 +53,9 @@ def test_only_the_adapters_train(minilm_lora_run):
     assert trainable and all("lora_" in name for name in trainable)
     total = sum(p.numel() for p in module.encoder.parameters())
     assert sum(p.numel() for p in module.encoder.parameters() if p.requires_grad) < 0.01 * total
+    # metrics.json records the same counts: r=4 on query and value of 6 layers of width 384 = 6*2*4*(384+384)
+    counts = json.loads((run / "metrics.json").read_text())["parameters"]
+    assert counts == {"total": total, "trainable": 6 * 2 * 4 * (384 + 384)}
     # the base weights are the pretrained ones, untouched; the adapters moved
     base = Encoder(cfg.model.name_or_path)
     name = "encoder.layer.0.attention.self.query"

@@ -55,6 +55,9 @@ def test_fit_writes_metrics_checkpoints_logs_and_returns_the_metric(fast_run):
     assert list(timing)[-2:] == ["other", "total"] and {"setup", "validation before", "training",
                                                         "validation after", "exports"} <= set(timing)
     assert sum(v for k, v in timing.items() if k != "total") == pytest.approx(timing["total"], abs=0.05)
+    # the process's peak RSS as each phase ended: it only grows
+    peaks = [metrics["peak_rss_mb"][phase] for phase in ("setup", "validation before", "training", "exports")]
+    assert peaks == sorted(peaks) and peaks[0] > 100
 
 
 def test_exported_model_loads_in_sentence_transformers_with_identical_embeddings(fast_run):

@@ -1,9 +1,12 @@
-"""Where a run's wall time goes: start-up, setup, validation, training, exports (printed at the end of a run and
-kept in ``metrics.json`` under ``timing``)."""
+"""Where a run's wall time and memory go: seconds per phase (start-up, setup, validation, training, exports), printed
+at the end of a run and kept in ``metrics.json`` under ``timing``, and the process's peak RSS when each phase ended
+(``peak_rss_mb``): the phase whose figure jumps is the one that needed the memory."""
 
 from __future__ import annotations
 
 import contextlib
+import resource
+import sys
 import time
 from collections.abc import Iterator
 
@@ -19,6 +22,12 @@ def _seconds_since_process_start() -> float | None:
         return None
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MB (ru_maxrss is in kB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
 class PhaseTimes:
     """Seconds per named phase, in the order the phases first ran. ``start-up`` (interpreter start, imports and
     config composition up to this object) is counted for the first job of a process only: a sweep's later jobs
@@ -27,6 +36,7 @@ class PhaseTimes:
     def __init__(self) -> None:
         global _first_job_in_process
         self.seconds: dict[str, float] = {}
+        self.peak_rss_mb: dict[str, float] = {}
         startup = _seconds_since_process_start() if _first_job_in_process else None
         _first_job_in_process = False
         if startup is not None:
@@ -41,6 +51,7 @@ class PhaseTimes:
             yield
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+            self.peak_rss_mb[name] = round(peak_rss_mb(), 1)
 
     def record(self) -> dict[str, float]:
         """Each phase's seconds, ``other`` (the time between phases) and ``total``."""
@@ -50,4 +61,6 @@ class PhaseTimes:
                 "total": round(total, 2)}
 
     def line(self) -> str:
-        return "wall time: " + " | ".join(f"{name} {seconds:.1f} s" for name, seconds in self.record().items())
+        times = " | ".join(f"{name} {seconds:.1f} s" for name, seconds in self.record().items())
+        peaks = " | ".join(f"{name} {mb / 1024:.2f} GB" for name, mb in self.peak_rss_mb.items())
+        return f"wall time: {times}\npeak RSS at the end of: {peaks}"
