@@ -32,41 +32,29 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import shutil
 import statistics
 import sys
 from pathlib import Path
 
 import harness
 from harness import Column, Result
+from pydocs_runs import (
+    add_arguments,
+    common_overrides,
+    finish_arguments,
+    keep,
+    mean_std,
+    pydocs_set,
+    recorded,
+    run,
+    train_recorded,
+    untrained_command,
+    untrained_metrics,
+)
 
-REPO = Path(__file__).resolve().parents[1]
 RECIPES = ("inbatch", "mined", "remine")
 LOSSES = ("infonce", "gte")
 VARIANTS = tuple(f"{recipe}-{loss}" for recipe in RECIPES for loss in LOSSES)
-TRAIN_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline"}
-
-
-def pydocs_set(args: argparse.Namespace) -> Path:
-    """The retrieval set's folder: built (deterministically) on first use."""
-    folder = Path(args.workdir) / f"pydocs_{args.max_train}_{args.max_test}"
-    if not args.dry_run and not (folder / "train.jsonl").is_file():
-        from gte_pro.data.pydocs import build_pydocs
-
-        build_pydocs(folder, args.max_train, args.max_test, seed=0)
-    return folder
-
-
-def common_overrides(args: argparse.Namespace, data: Path) -> list[str]:
-    # validation after training only (the untrained model is evaluated once, by untrained_command): each validation
-    # embeds the whole corpus, and no checkpoint is selected
-    length = [f"trainer.max_steps={args.steps}", "trainer.max_epochs=-1", "trainer.val_check_interval=null",
-              f"trainer.check_val_every_n_epoch={10**6}"] if args.steps else [
-        f"trainer.max_epochs={args.epochs}", f"trainer.check_val_every_n_epoch={args.epochs}"]
-    return [f"model={args.model}", "data=jsonl", f"eval.beir=[{data / 'beir'}]", f"model.lr={args.lr}",
-            f"data.batch_size={args.batch_size}", *length, "callbacks=none", "+trainer.enable_checkpointing=false",
-            "export.hf=false", "export.model_card=false", "logger=csv", "eval.before=false",
-            f"paths.cache_dir={Path(args.workdir) / 'cache'}", *args.override]
 
 
 def mine_command(args: argparse.Namespace, data: Path) -> list[str]:
@@ -89,38 +77,17 @@ def train_command(variant: str, seed: int, args: argparse.Namespace, data: Path)
             f"loss={loss}", *extra, f"seed={seed}", f"hydra.run.dir={run_dir(variant, seed, args)}"]
 
 
-def untrained_command(args: argparse.Namespace, data: Path) -> list[str]:
-    """NDCG@10 of the model before any training, once for every run (``mode=eval`` on the same set and lengths)."""
-    work = Path(args.workdir)
-    return [sys.executable, "train.py", "mode=eval", f"model={args.model}", f"eval.beir=[{data / 'beir'}]",
-            f"paths.cache_dir={work / 'cache'}", f"hydra.run.dir={work / 'runs' / 'untrained'}", *args.override]
-
-
-def untrained_ndcg(args: argparse.Namespace, data: Path) -> float | None:
-    command, record = untrained_command(args, data), Path(args.workdir) / "runs" / "untrained.json"
-    if args.reuse and record.is_file() and json.loads(record.read_text()).get("command") == command:
-        return json.loads(record.read_text())["ndcg"]
-    if args.report:
-        return None
-    result = run(command, Path(args.workdir) / "runs" / "untrained.log", args)
-    if "error" in result:
-        return None
-    sets = json.loads((Path(args.workdir) / "runs" / "untrained" / "metrics.json").read_text())["sets"]
-    ndcg = sets[(data / "beir").name]["metrics"]["ndcg@10"]
-    record.write_text(json.dumps({"command": command, "ndcg": ndcg}) + "\n")
-    return ndcg
-
-
 def mine_once(args: argparse.Namespace, data: Path) -> Result:
     """The mined file (``--reuse``: the one already there, if the mining command was the same)."""
     command, record = mine_command(args, data), Path(args.workdir) / "runs" / "mine.json"
-    if args.reuse and record.is_file() and json.loads(record.read_text()).get("command") == command:
-        return json.loads(record.read_text())["result"]
+    kept = recorded(command, record, args)
+    if kept is not None:
+        return kept
     if args.report:
         return {"error": "no mining record"}
     result = run(command, Path(args.workdir) / "runs" / "mine.log", args)
     if "error" not in result:
-        record.write_text(json.dumps({"command": command, "result": result}, default=str) + "\n")
+        keep(command, record, result)
     return result
 
 
@@ -129,37 +96,17 @@ def run_dir(variant: str, seed: int, args: argparse.Namespace) -> Path:
 
 
 def read_ndcg(folder: Path, set_name: str) -> dict[str, float | None]:
-    """NDCG@10 on the test queries after training, and of the untrained model, from the run's metrics.json."""
+    """NDCG@10 on the test queries after training, from the run's metrics.json."""
     metrics = json.loads((folder / "metrics.json").read_text())
-    key = f"val/{set_name}/ndcg@10"
-    return {"ndcg": (metrics.get("val") or {}).get(key),
-            "steps": metrics.get("global_step")}
-
-
-def run(cmd: list[str], log: Path, args: argparse.Namespace) -> Result:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    print(f"$ {shlex.join(cmd)}", file=sys.stderr, flush=True)
-    return harness.run_command(cmd, log, args.timeout, cwd=REPO, env=TRAIN_ENV)
+    return {"ndcg": (metrics.get("val") or {}).get(f"val/{set_name}/ndcg@10"), "steps": metrics.get("global_step")}
 
 
 def train_one(variant: str, seed: int, args: argparse.Namespace, data: Path, mined: Result | None) -> Result:
     row = {"variant": variant, "seed": seed}
     if not variant.startswith("inbatch") and mined is not None and "error" in mined and not args.report:
         return {**row, "error": f"mining failed: {mined['error']}"}
-    folder = run_dir(variant, seed, args)
-    command = train_command(variant, seed, args, data)
-    record = folder.with_suffix(".json")  # the command and its result, for --reuse
-    if args.reuse and record.is_file() and json.loads(record.read_text()).get("command") == command:
-        print(f"reused: {variant} seed {seed} ({record})", file=sys.stderr, flush=True)
-        return json.loads(record.read_text())["result"]
-    if args.report:
-        return {**row, "not_run": True}
-    shutil.rmtree(folder, ignore_errors=True)  # a fresh run, never a resumed one
-    result = run(command, folder.with_suffix(".log"), args)
-    result = {**row, **result} if "error" in result else {**row, **result, **read_ndcg(folder, (data / "beir").name)}
-    if "error" not in result:
-        record.write_text(json.dumps({"command": command, "result": result}, default=str) + "\n")
-    return result
+    return train_recorded(train_command(variant, seed, args, data), run_dir(variant, seed, args), row, args,
+                          lambda folder: read_ndcg(folder, (data / "beir").name))
 
 
 def summarize(rows: list[Result], variants: list[str]) -> list[Result]:
@@ -172,8 +119,7 @@ def summarize(rows: list[Result], variants: list[str]) -> list[Result]:
             failed = next((r for r in runs if "error" in r), {"error": "not run"})
             table.append({"variant": variant, "error": failed["error"]})
             continue
-        table.append({"variant": variant, "mean": statistics.mean(values),
-                      "std": statistics.stdev(values) if len(values) > 1 else None, "n": len(values),
+        table.append({"variant": variant, **mean_std(values),
                       "per_seed": ", ".join(f"{r['seed']}: {r['ndcg']:.4f}" if r.get("ndcg") is not None else
                                             f"{r['seed']}: failed" for r in runs),
                       "wall_s": statistics.mean(r["wall_s"] for r in runs if "wall_s" in r)})
@@ -227,29 +173,10 @@ def report(rows: list[Result], table: list[Result], args: argparse.Namespace, be
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", default="1,2,3")
+    add_arguments(parser, workdir="/tmp/gte_pro_bench_negatives")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
-    parser.add_argument("--max-train", type=int, default=2000)
-    parser.add_argument("--max-test", type=int, default=500)
-    parser.add_argument("--epochs", type=int, default=2, help="2: re-mining needs an epoch to act on")
-    parser.add_argument("--steps", type=int, default=None, help="trainer.max_steps instead of --epochs")
     parser.add_argument("--negatives", type=int, default=1, help="mined hard negatives per query (data.num_negatives)")
-    parser.add_argument("--model", default="minilm")
-    parser.add_argument("--lr", default="2e-5")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--workdir", default="/tmp/gte_pro_bench_negatives")
-    parser.add_argument("--override", action="append", default=[], help="extra train.py override (repeatable)")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds per process before it is killed")
-    parser.add_argument("--json", help="write every run's result to this file (default: <workdir>/results.json)")
-    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
-    parser.add_argument("--report", action="store_true",
-                        help="only the table of the runs already recorded (implies --reuse); runs nothing")
-    parser.add_argument("--reuse", action="store_true",
-                        help="keep the result of a run (and the mined file) whose command is unchanged: a benchmark "
-                             "cut short, or extended by seeds or variants, only runs what is missing")
-    args = parser.parse_args(argv)
-    args.reuse = args.reuse or args.report
-    args.seed_list = [int(s) for s in args.seeds.split(",")]
+    args = finish_arguments(parser.parse_args(argv))
     args.variant_list = args.variants.split(",")
     unknown = sorted(set(args.variant_list) - set(VARIANTS))
     if unknown:
@@ -266,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     print("commands (in this order):\n" + "\n".join(shlex.join(c) for c in commands))
     if args.dry_run:
         return
-    before = untrained_ndcg(args, data)
+    before = (untrained_metrics(args, data) or {}).get("ndcg@10")
     mined = mine_once(args, data) if needs_mining else None
     # seed-major order: a benchmark cut short still has every variant at the first seeds
     rows = [train_one(v, s, args, data, mined) for s in args.seed_list for v in args.variant_list]

@@ -1,0 +1,138 @@
+"""What the quality benchmarks share: the pydocs retrieval set, ``train.py`` runs in fresh processes with the same
+base overrides, the untrained model's score, and per-run records that let a benchmark cut short (or extended by
+seeds or variants) run only what is missing (``--reuse``) or just print its table (``--report``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import shutil
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import harness
+from harness import Result
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline"}
+
+
+def add_arguments(parser: argparse.ArgumentParser, workdir: str) -> None:
+    """The options every pydocs benchmark takes (set, length of training, model, where runs go, reuse)."""
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--max-train", type=int, default=2000)
+    parser.add_argument("--max-test", type=int, default=500)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=None, help="trainer.max_steps instead of --epochs")
+    parser.add_argument("--model", default="minilm")
+    parser.add_argument("--lr", default="2e-5")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--workdir", default=workdir)
+    parser.add_argument("--override", action="append", default=[], help="extra train.py override (repeatable)")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds per process before it is killed")
+    parser.add_argument("--json", help="write every run's result to this file (default: <workdir>/results.json)")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    parser.add_argument("--report", action="store_true",
+                        help="only the table of the runs already recorded (implies --reuse); runs nothing")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep the result of a run whose command is unchanged: a benchmark cut short, or "
+                             "extended by seeds or variants, only runs what is missing")
+
+
+def finish_arguments(args: argparse.Namespace) -> argparse.Namespace:
+    args.reuse = args.reuse or args.report
+    args.seed_list = [int(s) for s in args.seeds.split(",")]
+    return args
+
+
+def pydocs_set(args: argparse.Namespace) -> Path:
+    """The retrieval set's folder: built (deterministically) on first use."""
+    folder = Path(args.workdir) / f"pydocs_{args.max_train}_{args.max_test}"
+    if not args.dry_run and not (folder / "train.jsonl").is_file():
+        from gte_pro.data.pydocs import build_pydocs
+
+        build_pydocs(folder, args.max_train, args.max_test, seed=0)
+    return folder
+
+
+def common_overrides(args: argparse.Namespace, data: Path) -> list[str]:
+    # validation after training only (the untrained model is evaluated once, by untrained_command): each validation
+    # embeds the whole corpus, and no checkpoint is selected
+    length = [f"trainer.max_steps={args.steps}", "trainer.max_epochs=-1", "trainer.val_check_interval=null",
+              f"trainer.check_val_every_n_epoch={10**6}"] if args.steps else [
+        f"trainer.max_epochs={args.epochs}", f"trainer.check_val_every_n_epoch={args.epochs}"]
+    return [f"model={args.model}", "data=jsonl", f"eval.beir=[{data / 'beir'}]", f"model.lr={args.lr}",
+            f"data.batch_size={args.batch_size}", *length, "callbacks=none", "+trainer.enable_checkpointing=false",
+            "export.hf=false", "export.model_card=false", "logger=csv", "eval.before=false",
+            f"paths.cache_dir={Path(args.workdir) / 'cache'}", *args.override]
+
+
+def run(cmd: list[str], log: Path, args: argparse.Namespace) -> Result:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"$ {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    return harness.run_command(cmd, log, args.timeout, cwd=REPO, env=TRAIN_ENV)
+
+
+def recorded(command: list[str], record: Path, args: argparse.Namespace) -> Result | None:
+    """The result kept in ``record`` for this very command (``--reuse``), else None."""
+    if args.reuse and record.is_file() and json.loads(record.read_text()).get("command") == command:
+        print(f"reused: {record}", file=sys.stderr, flush=True)
+        blob = json.loads(record.read_text())
+        return blob["result"] if "result" in blob else blob["ndcg"]  # "ndcg": the untrained score's older record
+    return None
+
+
+def keep(command: list[str], record: Path, result: Result) -> None:
+    record.write_text(json.dumps({"command": command, "result": result}, default=str) + "\n")
+
+
+def untrained_command(args: argparse.Namespace, data: Path, extra: tuple[str, ...] = ()) -> list[str]:
+    """NDCG@10 of the model before any training, once for every run (``mode=eval`` on the same set and lengths)."""
+    work = Path(args.workdir)
+    return [sys.executable, "train.py", "mode=eval", f"model={args.model}", f"eval.beir=[{data / 'beir'}]",
+            f"paths.cache_dir={work / 'cache'}", f"hydra.run.dir={work / 'runs' / 'untrained'}", *extra,
+            *args.override]
+
+
+def untrained_metrics(args: argparse.Namespace, data: Path, extra: tuple[str, ...] = ()) -> dict[str, float] | None:
+    """The untrained model's metrics on the set (``ndcg@10``, and ``dim<d>/ndcg@10`` with eval.truncate_dims)."""
+    command, record = untrained_command(args, data, extra), Path(args.workdir) / "runs" / "untrained.json"
+    kept = recorded(command, record, args)
+    if kept is not None:
+        return kept if isinstance(kept, dict) else {"ndcg@10": kept}
+    if args.report:
+        return None
+    result = run(command, Path(args.workdir) / "runs" / "untrained.log", args)
+    if "error" in result:
+        return None
+    flat = json.loads((Path(args.workdir) / "runs" / "untrained" / "metrics.json").read_text())["val"]
+    prefix = f"val/{(data / 'beir').name}/"
+    metrics = {key[len(prefix):]: value for key, value in flat.items() if key.startswith(prefix)}
+    keep(command, record, metrics)
+    return metrics
+
+
+def train_recorded(command: list[str], folder: Path, row: Result, args: argparse.Namespace,
+                   read: Callable[[Path], Result]) -> Result:
+    """One training run in ``folder`` (a fresh one, never resumed), or its kept result; ``read`` turns the finished
+    run folder into figures."""
+    record = folder.with_suffix(".json")
+    kept = recorded(command, record, args)
+    if kept is not None:
+        return kept
+    if args.report:
+        return {**row, "not_run": True}
+    shutil.rmtree(folder, ignore_errors=True)
+    result = run(command, folder.with_suffix(".log"), args)
+    result = {**row, **result} if "error" in result else {**row, **result, **read(folder)}
+    if "error" not in result:
+        keep(command, record, result)
+    return result
+
+
+def mean_std(values: list[float]) -> dict[str, float | None]:
+    return {"mean": statistics.mean(values), "std": statistics.stdev(values) if len(values) > 1 else None,
+            "n": len(values)}
