@@ -15,3 +15,15 @@ def packaged_minilm_path() -> str:
 # ${packaged_minilm:} in conf/model/minilm.yaml resolves to the folder of those weights
 if not OmegaConf.has_resolver("packaged_minilm"):
     OmegaConf.register_new_resolver("packaged_minilm", packaged_minilm_path)
+
+
+def _run_stamp() -> str:
+    from gte_pro.launch.environment import run_stamp
+
+    return run_stamp()
+
+
+# ${run_stamp:} in conf/hydra/default.yaml: the start time, or under torchrun its rendezvous id (one folder for all
+# ranks); cached, so that a process resolves it once
+if not OmegaConf.has_resolver("run_stamp"):
+    OmegaConf.register_new_resolver("run_stamp", _run_stamp, use_cache=True)

@@ -71,14 +71,14 @@ class _GatherRows(torch.autograd.Function):
 
     Written here rather than taken from ``torch.distributed.nn``: that one is deprecated, and on gloo its backward
     emulates reduce-scatter with a scatter per rank, which left processes aborting at exit ("terminate called
-    without an active exception"). NCCL has reduce_scatter_tensor; gloo gets an all_reduce and keeps its slice.
+    without an active exception"). NCCL has reduce-scatter; gloo gets an all_reduce and keeps its slice.
     """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # noqa: ANN001 - autograd's context
         world = dist.get_world_size()
         out = x.new_empty((world * x.shape[0], *x.shape[1:]))
-        dist.all_gather_into_tensor(out, x.contiguous())
+        dist.all_gather_single(out, x.contiguous())
         return out
 
     @staticmethod
@@ -88,7 +88,7 @@ class _GatherRows(torch.autograd.Function):
         grad = grad.contiguous()
         if dist.get_backend() == dist.Backend.NCCL:
             mine = grad.new_empty((rows, *grad.shape[1:]))
-            dist.reduce_scatter_tensor(mine, grad)
+            dist.reduce_scatter_single(mine, grad)
             return mine
         grad = grad.clone()  # all_reduce works in place; autograd's incoming gradient is not ours to change
         dist.all_reduce(grad)

@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
-# A real one-node SLURM cluster on this machine, for the project's tests and CI.
+# A real SLURM cluster on this machine, for the project's tests and CI: one node (this host), or two
+# simulated nodes (GTE_SLURM_NODES=2) for multi-node jobs.
 #
-#   bash scripts/local_slurm.sh start    install (once), configure, start, wait until the node is idle
+#   bash scripts/local_slurm.sh start    install (once), configure, start, wait until the nodes are idle
 #   bash scripts/local_slurm.sh stop     cancel queued jobs, stop the daemons this script started
-#   bash scripts/local_slurm.sh status   print sinfo/squeue; exit 0 only if the cluster answers
+#   bash scripts/local_slurm.sh status   print the daemons, nodes and sinfo/squeue; exit 0 only if the cluster answers
+#
+# Two nodes: Debian's slurm-wlm has no --enable-multiple-slurmd, so each slurmd runs in its own UTS
+# namespace (unshare --uts) whose hostname is its NodeName (gte-node1, gte-node2), with its own spool,
+# log and pid files (%n in slurm.conf), port and loopback address (127.0.0.2, 127.0.0.3: names resolve
+# through marked lines in /etc/hosts, removed by `stop`). Job steps inherit the namespace, so each rank
+# sees its node's hostname, as on a real cluster. Munge, MariaDB, slurmdbd and slurmctld stay on the
+# host. Switching between one and two nodes restarts the daemons.
 #
 # Runs as root on Debian 12 (SLURM 22.05) without systemd and without writable cgroups, so every
 # daemon is started by hand, in the foreground of its own session (setsid), with its PID recorded
@@ -16,11 +24,15 @@
 #   GTE_SLURM_DIR      state, spool, logs, pids, database   [/var/lib/gte-pro-slurm]
 #   GTE_SLURM_TIMEOUT  seconds `start` waits for an idle node [90]
 #   GTE_SLURM_DB_PORT  TCP port of the private MariaDB, on 127.0.0.1 only [3307]
+#   GTE_SLURM_NODES    1 (this host is the node) or 2 (gte-node1 and gte-node2)   [1]
 set -euo pipefail
 
 BASE=${GTE_SLURM_DIR:-/var/lib/gte-pro-slurm}
 TIMEOUT=${GTE_SLURM_TIMEOUT:-90}
 DB_PORT=${GTE_SLURM_DB_PORT:-3307}
+NODES=${GTE_SLURM_NODES:-1}
+[[ $NODES == 1 || $NODES == 2 ]] || { echo "[local_slurm] ERROR: GTE_SLURM_NODES must be 1 or 2, not '$NODES'" >&2; exit 2; }
+HOSTS_MARK="# gte-pro local_slurm node"
 CLUSTER=gtepro
 PARTITION=debug
 PID_DIR=$BASE/pid
@@ -56,11 +68,11 @@ install_packages() {
 declare -A COMM=([munged]=munged [mariadbd]=mariadbd [slurmdbd]=slurmdbd
                  [slurmctld]=slurmctld [slurmd]=slurmd)
 
-pid_of() {  # prints the recorded PID of daemon $1 if that process is alive and is that daemon
+pid_of() {  # prints the recorded PID of daemon $1 (slurmd-NODE: a simulated node's) if alive and that daemon
     local f=$PID_DIR/$1.pid pid
     [[ -r $f ]] || return 1
     pid=$(<"$f")
-    [[ $pid =~ ^[0-9]+$ ]] && [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == "${COMM[$1]}" ]] || return 1
+    [[ $pid =~ ^[0-9]+$ ]] && [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == "${COMM[${1%%-*}]}" ]] || return 1
     echo "$pid"
 }
 
@@ -95,7 +107,7 @@ wait_for() {  # wait_for SECONDS DAEMON CMD...: retry CMD every 0.5 s until it s
 show_logs() {
     # SLURM daemons write NAME.log; NAME.out (their stderr) matters when they die before opening it.
     local d f
-    for d in munged mariadbd slurmdbd slurmctld slurmd; do
+    for d in munged mariadbd slurmdbd slurmctld slurmd $(slurmd_daemons); do
         f=$LOG_DIR/$d.log
         [[ -s $f ]] || f=$LOG_DIR/$d.out
         [[ -s $f ]] || continue
@@ -105,11 +117,16 @@ show_logs() {
 }
 
 # ---------------------------------------------------------------- configuration
-node_name() { hostname -s; }   # slurmd and slurmctld both match their config by this name
+host_name() { hostname -s; }   # slurmctld matches SlurmctldHost by this name
+# The nodes: this host (slurmd and slurmctld match their config by its name), or the simulated two.
+node_names() { if [[ $NODES == 2 ]]; then echo gte-node1 gte-node2; else host_name; fi; }
+node_addr() { case $1 in gte-node1) echo 127.0.0.2 ;; gte-node2) echo 127.0.0.3 ;; *) echo 127.0.0.1 ;; esac; }
+node_port() { case $1 in gte-node1) echo 6821 ;; gte-node2) echo 6822 ;; *) echo 6818 ;; esac; }
+# the pid-file names of the slurmd daemons: slurmd (one node) or slurmd-gte-node1, slurmd-gte-node2
+slurmd_daemons() { if [[ $NODES == 2 ]]; then echo slurmd-gte-node1 slurmd-gte-node2; else echo slurmd; fi; }
 
 write_slurm_conf() {
-    local node hw cpus mem
-    node=$(node_name)
+    local node hw cpus mem node_lines=""
     # The node as slurmd measures it ("CPUs=2 Boards=1 ... RealMemory=24105"): a larger
     # RealMemory or CPU count than measured would drain the node.
     hw=$(slurmd -C | head -n1 | sed 's/^NodeName=[^ ]* //')
@@ -121,6 +138,9 @@ write_slurm_conf() {
         cpus="CPUs=$(nproc)"               # fewer CPUs usable than present (affinity, quota)
     fi
 
+    for node in $(node_names); do
+        node_lines+="NodeName=$node NodeAddr=$(node_addr "$node") Port=$(node_port "$node") $cpus RealMemory=$mem State=UNKNOWN"$'\n'
+    done
     if [[ -f $CONF_DIR/slurm.conf ]] && ! grep -qF "$MARK" "$CONF_DIR/slurm.conf"; then
         say "keeping a copy of a foreign $CONF_DIR/slurm.conf as slurm.conf.bak"
         cp -p "$CONF_DIR/slurm.conf" "$CONF_DIR/slurm.conf.bak"
@@ -130,7 +150,7 @@ $MARK
 ClusterName=$CLUSTER
 # The name must be this machine's short hostname (slurmctld refuses to run otherwise);
 # the address is loopback so nothing depends on DNS or /etc/hosts.
-SlurmctldHost=$node(127.0.0.1)
+SlurmctldHost=$(host_name)(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -155,11 +175,12 @@ MessageTimeout=10
 KillWait=10
 InactiveLimit=0
 StateSaveLocation=$BASE/state/slurmctld
-SlurmdSpoolDir=$BASE/state/slurmd
+# %n: the node's name, so that two slurmd on one machine keep apart
+SlurmdSpoolDir=$BASE/state/slurmd-%n
 SlurmctldPidFile=$RUN_DIR/slurmctld.pid
-SlurmdPidFile=$RUN_DIR/slurmd.pid
+SlurmdPidFile=$RUN_DIR/slurmd-%n.pid
 SlurmctldLogFile=$LOG_DIR/slurmctld.log
-SlurmdLogFile=$LOG_DIR/slurmd.log
+SlurmdLogFile=$LOG_DIR/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 AccountingStorageType=accounting_storage/slurmdbd
@@ -167,8 +188,7 @@ AccountingStorageHost=127.0.0.1
 AccountingStoragePort=6819
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
-NodeName=$node NodeAddr=127.0.0.1 $cpus RealMemory=$mem State=UNKNOWN
-# FORCE:2 = each CPU may hold two jobs, so a 2-task job can run beside another job on 2 CPUs.
+$node_lines# FORCE:2 = each CPU may hold two jobs, so a 2-task job can run beside another job on 2 CPUs.
 PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:2
 EOF
     mv "$CONF_DIR/slurm.conf.tmp" "$CONF_DIR/slurm.conf"
@@ -284,13 +304,48 @@ start_slurmctld() {
 }
 
 start_slurmd() {
-    if ! pid_of slurmd >/dev/null; then
-        say "slurmd: starting as node $(node_name)"
-        launch slurmd /usr/sbin/slurmd -D -N "$(node_name)"
+    if [[ $NODES == 1 ]]; then
+        pid_of slurmd >/dev/null && return 0
+        say "slurmd: starting as node $(host_name)"
+        install -d -m 755 "$BASE/state/slurmd-$(host_name)"
+        launch slurmd /usr/sbin/slurmd -D -N "$(host_name)"
+        return 0
     fi
+    local node
+    for node in $(node_names); do
+        pid_of "slurmd-$node" >/dev/null && continue
+        say "slurmd: starting node $node (own UTS namespace, $(node_addr "$node"):$(node_port "$node"))"
+        install -d -m 755 "$BASE/state/slurmd-$node"
+        # unshare and sh exec into slurmd: the recorded PID is slurmd's, its namespace dies with it
+        launch "slurmd-$node" unshare --uts sh -c "hostname $node && exec /usr/sbin/slurmd -D -N $node"
+    done
 }
 
-node_state() { timeout 15 sinfo -h -n "$(node_name)" -o %T 2>/dev/null | head -n1; }
+write_hosts() {  # the simulated nodes' names resolve to their own loopback addresses (rank 0's is MASTER_ADDR)
+    remove_hosts
+    [[ $NODES == 2 ]] || return 0
+    local node
+    for node in $(node_names); do echo "$(node_addr "$node") $node $HOSTS_MARK"; done >>/etc/hosts
+}
+
+remove_hosts() {  # rewritten in place: /etc/hosts may be a bind mount that cannot be replaced by a rename
+    grep -q "$HOSTS_MARK" /etc/hosts 2>/dev/null || return 0
+    local kept
+    kept=$(grep -v "$HOSTS_MARK" /etc/hosts)
+    printf '%s\n' "$kept" >/etc/hosts
+}
+
+# one line per node: "NAME STATE"
+node_states() { timeout 15 sinfo -h -N -o '%N %T' 2>/dev/null; }
+node_state() {  # the worst state of the configured nodes: a node that takes work reads as such only if all do
+    local states node state
+    states=$(node_states) || return 1
+    for node in $(node_names); do
+        state=$(awk -v n="$node" '$1 == n {print $2; exit}' <<<"$states")
+        [[ $state =~ ^(idle|mixed|allocated|completing)$ ]] || { echo "${state:-unknown} ($node)"; return 0; }
+    done
+    echo idle
+}
 
 wait_node_idle() {
     # idle, or busy with jobs that survived a restart: either way the node takes work.
@@ -298,14 +353,14 @@ wait_node_idle() {
     while :; do
         state=$(node_state || true)
         case $state in
-            idle|mixed|allocated|completing) say "node $(node_name) is $state"; return 0 ;;
+            idle) say "node(s) $(node_names) take work"; return 0 ;;
             # A drain or down kept in the saved state from an earlier run (e.g. "Kill task
             # failed"): put the node back in service. Retried, since slurmctld rejects it until
             # slurmd has registered.
             *drain*|down*|fail*)
                 if ((SECONDS >= next_resume)); then
-                    say "node is $state ($(timeout 15 sinfo -h -n "$(node_name)" -o %E)), resuming it"
-                    scontrol update nodename="$(node_name)" state=resume 2>/dev/null || true
+                    say "node is $state ($(timeout 15 sinfo -h -o %E | head -n1)), resuming"
+                    scontrol update nodename="$(node_names | tr ' ' ',')" state=resume 2>/dev/null || true
                     next_resume=$((SECONDS + 5))
                 fi ;;
         esac
@@ -320,8 +375,8 @@ wait_node_idle() {
 
 healthy() {
     local d
-    for d in slurmdbd slurmctld slurmd; do pid_of "$d" >/dev/null || return 1; done
-    munge_ok && [[ "$(node_state)" =~ ^(idle|mixed|allocated|completing)$ ]]
+    for d in slurmdbd slurmctld $(slurmd_daemons); do pid_of "$d" >/dev/null || return 1; done
+    [[ "$(cat "$BASE/nodes" 2>/dev/null)" == "$(node_names)" ]] && munge_ok && [[ "$(node_state)" == idle ]]
 }
 
 # ---------------------------------------------------------------- commands
@@ -333,6 +388,10 @@ cmd_start() {
         timeout 15 sinfo || true
         return 0
     fi
+    if [[ -s $BASE/nodes && "$(<"$BASE/nodes")" != "$(node_names)" ]]; then
+        say "restarting: the nodes were $(<"$BASE/nodes"), now $(node_names)"
+        cmd_stop
+    fi
     local t0=$SECONDS
     install -d -m 755 "$CONF_DIR" "$BASE" "$PID_DIR" "$LOG_DIR" "$RUN_DIR" "$BASE/state/slurmctld" "$BASE/state/slurmd"
     install -d -o mysql -g mysql -m 755 "$RUN_DIR/mysql"
@@ -340,6 +399,8 @@ cmd_start() {
     start_mariadb
     write_slurmdbd_conf
     write_slurm_conf    # before slurmdbd: sacctmgr finds slurmdbd through slurm.conf
+    node_names >"$BASE/nodes"
+    write_hosts
     start_slurmdbd
     start_slurmctld
     start_slurmd
@@ -357,8 +418,10 @@ cmd_stop() {
         while [[ -n "$(timeout 15 squeue -h -o %i 2>/dev/null)" ]] && ((SECONDS < end)); do sleep 1; done
     fi
     # Reverse start order, and only the PIDs this script recorded.
-    local d pid end
-    for d in slurmd slurmctld slurmdbd mariadbd munged; do
+    local d pid end f
+    local slurmds=()
+    for f in "$PID_DIR"/slurmd*.pid; do [[ -e $f ]] && slurmds+=("$(basename "$f" .pid)"); done
+    for d in "${slurmds[@]}" slurmctld slurmdbd mariadbd munged; do
         pid=$(pid_of "$d") || { rm -f "$PID_DIR/$d.pid"; continue; }
         say "stopping $d (pid $pid)"
         kill -TERM "$pid" 2>/dev/null || true
@@ -370,14 +433,18 @@ cmd_stop() {
         fi
         rm -f "$PID_DIR/$d.pid"
     done
+    remove_hosts
+    rm -f "$BASE/nodes"
     say "stopped"
 }
 
 cmd_status() {
     local d pid
-    for d in munged mariadbd slurmdbd slurmctld slurmd; do
+    for d in munged mariadbd slurmdbd slurmctld $(slurmd_daemons); do
         if pid=$(pid_of "$d"); then echo "$d: running (pid $pid)"; else echo "$d: not running (from this script)"; fi
     done
+    echo "nodes configured: $(cat "$BASE/nodes" 2>/dev/null || echo none)"
+    grep "$HOSTS_MARK" /etc/hosts 2>/dev/null || true
     timeout 15 sinfo || { echo "cluster does not answer"; return 1; }
     timeout 15 squeue || return 1
 }

@@ -6,9 +6,7 @@ CI starts the cluster before the tests (`bash scripts/local_slurm.sh start`); el
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -17,29 +15,20 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.slurm_helpers import slurm_env, slurm_up, two_nodes_up
 
+pytestmark = pytest.mark.skipif(not slurm_up(), reason="no SLURM cluster: run `bash scripts/local_slurm.sh start`")
 
-def _slurm_up() -> bool:
-    if not shutil.which("sinfo"):
-        return False
-    probe = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30)
-    return probe.returncode == 0 and any(s in probe.stdout for s in ("idle", "mix", "alloc"))
-
-
-pytestmark = pytest.mark.skipif(not _slurm_up(), reason="no SLURM cluster: run `bash scripts/local_slurm.sh start`")
-
-SWEEP = [sys.executable, "train.py", "-m", "hydra/launcher=slurm", "debug=fast", "strategy=ddp", "devices=2",
-         "logger=none", "callbacks.progress_bar=null"]
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "HF_HUB_OFFLINE": "1"}
+SWEEP = [sys.executable, "train.py", "-m", "hydra/launcher=slurm", "debug=fast", "strategy=ddp", "logger=none",
+         "callbacks.progress_bar=null"]
+# the ranks of one job: two tasks on one node, or one task on each of two nodes (GTE_SLURM_NODES=2)
+TOPOLOGIES = {"one-node": ["devices=2"], "two-nodes": ["nodes=2", "devices=1"]}
 
 
 def test_slurm_sweep_runs_each_job_as_a_two_task_ddp_job(tmp_path: Path, cache_dir: Path):
     sweep = tmp_path / "sweep"
-    cmd = SWEEP + ["model.lr=1e-3,2e-3", f"hydra.sweep.dir={sweep}", f"paths.cache_dir={cache_dir}"]
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
+    cmd = SWEEP + ["devices=2", "model.lr=1e-3,2e-3", f"hydra.sweep.dir={sweep}", f"paths.cache_dir={cache_dir}"]
+    proc = subprocess.run(cmd, cwd=REPO, env=slurm_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith(".")) == ["0", "1"]
     for job in ("0", "1"):
@@ -62,13 +51,19 @@ def _wait_for(pattern: str, folder: Path, timeout: float) -> tuple[str, Path]:
 
 
 @pytest.mark.slow
-def test_preempted_job_checkpoints_requeues_and_resumes_to_the_same_final_step(tmp_path: Path, cache_dir: Path):
+@pytest.mark.parametrize("topology", list(TOPOLOGIES))
+def test_preempted_job_checkpoints_requeues_and_resumes_to_the_same_final_step(tmp_path: Path, cache_dir: Path,
+                                                                               topology: str):
+    if topology == "two-nodes" and not two_nodes_up():
+        pytest.skip("needs the two simulated nodes: GTE_SLURM_NODES=2 bash scripts/local_slurm.sh start")
     sweep = tmp_path / "preempt"
     steps = 1500
-    cmd = SWEEP + [f"hydra.sweep.dir={sweep}", f"paths.cache_dir={cache_dir}", "trainer.limit_train_batches=null",
-                   f"trainer.max_steps={steps}", "trainer.max_epochs=-1", "data.max_train_rows=400",
-                   "callbacks.early_stopping=null"]  # the step count must not depend on when validation plateaus
-    launcher = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cmd = SWEEP + TOPOLOGIES[topology] + [
+        f"hydra.sweep.dir={sweep}", f"paths.cache_dir={cache_dir}", "trainer.limit_train_batches=null",
+        f"trainer.max_steps={steps}", "trainer.max_epochs=-1", "data.max_train_rows=400",
+        "callbacks.early_stopping=null"]  # the step count must not depend on when validation plateaus
+    launcher = subprocess.Popen(cmd, cwd=REPO, env=slurm_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
     try:
         _, log = _wait_for(r"step [1-9]\d\d/1500", sweep / ".submitit", timeout=300)
         job_id = log.parent.name.split("_")[0]
@@ -84,6 +79,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes_to_the_same_final_step(t
     metrics = json.loads((sweep / "0" / "metrics.json").read_text())
     assert metrics["resumed_from"].endswith("checkpoints/last.ckpt")
     assert metrics["global_step"] == steps  # what an uninterrupted run ends at
+    assert metrics["world_size"] == 2
     states = _job_states(job_id, until="COMPLETED", timeout=120)
     assert "REQUEUED" in states and "COMPLETED" in states
 

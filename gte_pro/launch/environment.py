@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import zlib
 from collections.abc import Iterator, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,19 @@ from gte_pro.launch.relaunch import patch_lightning_ddp_relaunch
 
 DIST_ENV_KEYS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GLOBAL_RANK",
                  "LOCAL_WORLD_SIZE", "PL_GLOBAL_SEED", "PL_SEED_WORKERS")
+
+
+def run_stamp() -> str:
+    """The last part of a single run's folder (``hydra.run.dir``): the start time, or under torchrun the rendezvous
+    id, which every process on every node shares: each would stamp its own start time into a folder of its own."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id is None or (run_id == "none" and int(os.environ.get("WORLD_SIZE", "1")) <= 1):
+        return datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    if run_id == "none":  # torchrun's default when --rdzv-id is not given (--standalone makes one up)
+        raise ValueError("torchrun without --rdzv-id: its processes cannot agree on one run folder (each would "
+                         "stamp its own start time). Give every torchrun the same --rdzv-id NAME (the run folder is "
+                         "then outputs/<task>/torchrun-NAME), or hydra.run.dir=<a folder every node sees>")
+    return "torchrun-" + re.sub(r"[^A-Za-z0-9._-]", "_", run_id)
 
 
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool | None:

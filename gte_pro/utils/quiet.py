@@ -39,6 +39,11 @@ IGNORED_WARNINGS = (
     r"The `srun` command is available on your system but is not used",  # a local run on a SLURM login node
     r"Precision .* is not supported by the model summary",
     r"`is_gradient_checkpointing` is deprecated",  # transformers 5, asked by peft when it wraps a model
+    # multi-process validation is exact here: each rank embeds its shard, the sampler's repeated rows are dropped
+    # (gte_pro.evaluation.metrics.owned_mask) and the metrics come from every rank's rows merged, the same numbers on
+    # every rank, so Lightning's advice to validate on one device or to reduce the logged values does not apply
+    r"Using `DistributedSampler` with the dataloaders. During `trainer.validate\(\)`",
+    r"It is recommended to use `self.log\('val/.*sync_dist=True\)`",
 )
 
 
