@@ -10,7 +10,8 @@ Usage::
 
 Every run is ``python train.py`` in a fresh process with the base overrides of the negatives benchmark (model=minilm
 data=jsonl on pydocs, infonce, in-batch negatives only, model.lr=2e-5, batch 32, validation after the last step
-only, no checkpoints, ``eval.truncate_dims`` = --dims) plus its variant's:
+only, no checkpoints, ``eval.truncate_dims`` = --dims; here no validation inside trainer.fit at all, and the
+throughput meter on) plus its variant's:
 
   full        nothing more: every weight trains
   lora        model.lora={r: 16, alpha: 32, dropout: 0.1} (peft's default targets for BERT: query and value) at
@@ -19,7 +20,7 @@ only, no checkpoints, ``eval.truncate_dims`` = --dims) plus its variant's:
   projection  model.projection={dims: [512, 512], activation: relu, dropout: 0.1}: the original recipe's head
 
 The figures come from each run's ``metrics.json``: ``val/<set>/ndcg@10`` and ``val/<set>/dim<d>/ndcg@10``,
-``parameters.trainable``, ``train/samples_per_s`` (the trainer's throughput meter, last epoch) and the peak RSS when
+``parameters.trainable``, samples/s (training steps x batch / the training phase's seconds) and the peak RSS when
 training ended (``peak_rss_mb.training``: model, optimizer state and activations; the later phases embed the corpus).
 """
 
@@ -60,7 +61,8 @@ def variant_overrides(variant: str, args: argparse.Namespace) -> list[str]:
 
 def train_command(variant: str, seed: int, args: argparse.Namespace, data: Path) -> list[str]:
     # matryoshka's truncate_dims follow its loss dims; the others are told the same dims
-    return [sys.executable, "train.py", *common_overrides(args, data), f"data.train_file={data / 'train.jsonl'}",
+    return [sys.executable, "train.py", *common_overrides(args, data, validate_in_fit=False),
+            "+callbacks.throughput._target_=gte_pro.callbacks.Throughput", f"data.train_file={data / 'train.jsonl'}",
             "loss=infonce", "data.num_negatives=0", f"eval.truncate_dims=[{','.join(map(str, args.dim_list))}]",
             *variant_overrides(variant, args), f"seed={seed}", f"hydra.run.dir={run_dir(variant, seed, args)}"]
 
@@ -69,14 +71,14 @@ def run_dir(variant: str, seed: int, args: argparse.Namespace) -> Path:
     return Path(args.workdir) / "runs" / variant / f"seed{seed}"
 
 
-def read_figures(folder: Path, set_name: str, dims: list[int]) -> Result:
+def read_figures(folder: Path, set_name: str, dims: list[int], batch_size: int) -> Result:
     metrics = json.loads((folder / "metrics.json").read_text())
     val = metrics.get("val") or {}
     return {"ndcg": val.get(f"val/{set_name}/ndcg@10"),
             **{f"dim{d}": val.get(f"val/{set_name}/dim{d}/ndcg@10") for d in dims},
             "trainable": (metrics.get("parameters") or {}).get("trainable"),
             "total": (metrics.get("parameters") or {}).get("total"),
-            "samples_per_s": metrics["train"].get("train/samples_per_s"),
+            "samples_per_s": metrics["global_step"] * batch_size / metrics["timing"]["training"],
             "train_s": metrics["timing"].get("training"),
             "peak_rss_train_mb": metrics["peak_rss_mb"].get("training"), "steps": metrics.get("global_step")}
 
@@ -84,7 +86,7 @@ def read_figures(folder: Path, set_name: str, dims: list[int]) -> Result:
 def train_one(variant: str, seed: int, args: argparse.Namespace, data: Path) -> Result:
     return train_recorded(train_command(variant, seed, args, data), run_dir(variant, seed, args),
                           {"variant": variant, "seed": seed}, args,
-                          lambda folder: read_figures(folder, (data / "beir").name, args.dim_list))
+                          lambda folder: read_figures(folder, (data / "beir").name, args.dim_list, args.batch_size))
 
 
 def summarize(rows: list[Result], args: argparse.Namespace) -> list[Result]:

@@ -58,12 +58,16 @@ def pydocs_set(args: argparse.Namespace) -> Path:
     return folder
 
 
-def common_overrides(args: argparse.Namespace, data: Path) -> list[str]:
+def common_overrides(args: argparse.Namespace, data: Path, validate_in_fit: bool = True) -> list[str]:
+    """``validate_in_fit`` false: no validation inside trainer.fit at all, so that the training phase's seconds and
+    peak memory are training alone (the run's final validation scores the last weights either way)."""
     # validation after training only (the untrained model is evaluated once, by untrained_command): each validation
     # embeds the whole corpus, and no checkpoint is selected
+    never = f"trainer.check_val_every_n_epoch={10**6}"
     length = [f"trainer.max_steps={args.steps}", "trainer.max_epochs=-1", "trainer.val_check_interval=null",
-              f"trainer.check_val_every_n_epoch={10**6}"] if args.steps else [
-        f"trainer.max_epochs={args.epochs}", f"trainer.check_val_every_n_epoch={args.epochs}"]
+              never] if args.steps else [
+        f"trainer.max_epochs={args.epochs}", f"trainer.check_val_every_n_epoch={args.epochs}" if validate_in_fit
+        else never]
     return [f"model={args.model}", "data=jsonl", f"eval.beir=[{data / 'beir'}]", f"model.lr={args.lr}",
             f"data.batch_size={args.batch_size}", *length, "callbacks=none", "+trainer.enable_checkpointing=false",
             "export.hf=false", "export.model_card=false", "logger=csv", "eval.before=false",
