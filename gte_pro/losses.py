@@ -62,6 +62,24 @@ def _matryoshka(dims: Sequence[int] | None, weights: Sequence[float] | None) -> 
     return dims, weights
 
 
+@dataclass
+class GlobalBatch:
+    """One step's embeddings, gathered once: the local rows and, from every rank, the candidate documents
+    [all positives; all hard negatives] and (for losses that score them) all queries. Matryoshka truncates this."""
+
+    query: torch.Tensor  # (B_local, dim)
+    positive: torch.Tensor  # (B_local, dim)
+    candidates: torch.Tensor  # (B_global * (1 + k), dim)
+    queries_all: torch.Tensor | None  # (B_global, dim)
+    offset: int  # this rank's first row in the global batch
+    num_negatives: int  # k: hard negatives per query
+
+    def truncated(self, dim: int) -> GlobalBatch:
+        return GlobalBatch(self.query[..., :dim], self.positive[..., :dim], self.candidates[..., :dim],
+                           None if self.queries_all is None else self.queries_all[..., :dim], self.offset,
+                           self.num_negatives)
+
+
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
@@ -117,8 +135,12 @@ class ContrastiveLoss(nn.Module, abc.ABC):
 
     ``matryoshka_dims`` (Matryoshka representation learning, as sentence-transformers' ``MatryoshkaLoss``): the loss
     is the ``matryoshka_weights``-weighted sum (weights 1 by default) of the loss on the first d dimensions of every
-    embedding, for each d, so that truncated embeddings keep working. Subclasses compute one loss in ``_loss``.
+    embedding, for each d, so that truncated embeddings keep working. The embeddings are gathered across devices
+    once, at full width, and truncated after. Subclasses compute one loss in ``_loss``.
     """
+
+    # whether ``_loss`` scores against every rank's queries (one more all_gather per step)
+    needs_all_queries = False
 
     def __init__(self, temperature: float = 0.05, gather_across_devices: bool = True,
                  mini_batch_size: int | None = None, max_skipped_steps: int = 10,
@@ -143,21 +165,21 @@ class ContrastiveLoss(nn.Module, abc.ABC):
 
     def forward(self, query: torch.Tensor, positive: torch.Tensor,
                 negatives: torch.Tensor | None = None) -> LossOutput:
+        batch = self._gathered(query, positive, negatives)
         if not self.matryoshka_dims:
-            return self._loss(query, positive, negatives)
+            return self._loss(batch)
         full = query.shape[-1]
         if max(self.matryoshka_dims) > full:
             raise ValueError(f"loss.matryoshka_dims={list(self.matryoshka_dims)}: {max(self.matryoshka_dims)} is "
                              f"larger than the model's embedding dimension {full}")
-        outputs = [self._loss(query[..., :d], positive[..., :d], None if negatives is None else negatives[..., :d])
-                   for d in self.matryoshka_dims]
+        outputs = [self._loss(batch.truncated(d)) for d in self.matryoshka_dims]
         loss = sum(w * out.loss for w, out in zip(self.matryoshka_weights, outputs, strict=True))
         widest = outputs[self.matryoshka_dims.index(max(self.matryoshka_dims))]  # scores for the train metrics
         return LossOutput(loss, widest.scores, widest.labels)
 
     @abc.abstractmethod
-    def _loss(self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None) -> LossOutput:
-        """One loss over (local queries, local positives, local hard negatives or None): each loss class's own."""
+    def _loss(self, batch: GlobalBatch) -> LossOutput:
+        """One loss over the gathered batch (at one width): each loss class's own."""
 
     def _scored(self, *embeddings: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         """The embeddings in the space they are scored in: unit length for cosine similarity."""
@@ -168,23 +190,24 @@ class ContrastiveLoss(nn.Module, abc.ABC):
     def _gather(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
         return gather_with_grad(x) if self.gather_across_devices else (x, 0)
 
-    def _candidates(self, positive: torch.Tensor, negatives: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+    def _gathered(self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None) -> GlobalBatch:
         """Global candidate documents: every rank's positives first, then every rank's hard negatives."""
-        positives_all, offset = self._gather(positive)
-        if negatives is None or negatives.numel() == 0:
-            return positives_all, offset
-        negatives_all, _ = self._gather(negatives.reshape(-1, negatives.shape[-1]))
-        return torch.cat([positives_all, negatives_all], dim=0), offset
+        candidates, offset = self._gather(positive)
+        k = negatives.shape[1] if negatives is not None and negatives.numel() else 0
+        if k:
+            negatives_all, _ = self._gather(negatives.reshape(-1, negatives.shape[-1]))
+            candidates = torch.cat([candidates, negatives_all], dim=0)
+        queries_all = self._gather(query)[0] if self.needs_all_queries else None
+        return GlobalBatch(query, positive, candidates, queries_all, offset, k)
 
 
 class InfoNCELoss(ContrastiveLoss):
     """Cross-entropy of each query over [all positives + all hard negatives] of the (global) batch."""
 
-    def _loss(self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None) -> LossOutput:
-        query, positive, negatives = self._scored(query, positive, negatives)
-        candidates, offset = self._candidates(positive, negatives)
+    def _loss(self, batch: GlobalBatch) -> LossOutput:
+        query, candidates = self._scored(batch.query, batch.candidates)
         scores = query @ candidates.T
-        labels = torch.arange(query.shape[0], device=query.device) + offset
+        labels = torch.arange(query.shape[0], device=query.device) + batch.offset
         loss = F.cross_entropy(_at_least_fp32(scores) / self.temperature, labels)
         return LossOutput(loss, scores.detach(), labels)
 
@@ -214,29 +237,28 @@ class GTELoss(ContrastiveLoss):
             raise ValueError(f"loss.mask_own_negatives must be true or false, got {mask_own_negatives!r}")
         self.mask_own_negatives = mask_own_negatives
 
-    def _loss(self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None) -> LossOutput:
-        query, positive, negatives = self._scored(query, positive, negatives)
-        candidates, offset = self._candidates(positive, negatives)
-        queries_all, _ = self._gather(query)
-        rows = torch.arange(query.shape[0], device=query.device)
-        labels = rows + offset
+    needs_all_queries = True
+
+    def _loss(self, batch: GlobalBatch) -> LossOutput:
+        query, positive, candidates, queries_all = self._scored(batch.query, batch.positive, batch.candidates,
+                                                                batch.queries_all)
+        labels = torch.arange(query.shape[0], device=query.device) + batch.offset
         query_doc = query @ candidates.T
         # self-similarities are constant 1/temperature terms that would swamp the denominator: drop them
         query_query = _mask(query @ queries_all.T, labels[:, None])
         # s(q_j, d_i) for the local positive d_i; j == i is the numerator itself: see the class docstring
         doc_query = _mask(positive @ queries_all.T, labels[:, None])
-        doc_doc = _mask(positive @ candidates.T, self._doc_doc_excluded(labels, queries_all.shape[0], negatives))
+        doc_doc = _mask(positive @ candidates.T,
+                        self._doc_doc_excluded(labels, queries_all.shape[0], batch.num_negatives))
         logits = _at_least_fp32(torch.cat([query_doc, query_query, doc_query, doc_doc], dim=1)) / self.temperature
         loss = F.cross_entropy(logits, labels)
         return LossOutput(loss, query_doc.detach(), labels)
 
-    def _doc_doc_excluded(self, labels: torch.Tensor, num_positives: int,
-                          negatives: torch.Tensor | None) -> torch.Tensor:
+    def _doc_doc_excluded(self, labels: torch.Tensor, num_positives: int, k: int) -> torch.Tensor:
         """(B_local, n) candidate columns each local positive d_i is not compared with in doc->doc: itself, and with
         ``mask_own_negatives`` its own hard negatives. Candidates are [every rank's positives; every rank's
         negatives] with each rank's negatives in query order, so the k negatives of global pair g sit at columns
         num_positives + g*k ... num_positives + g*k + k-1."""
-        k = negatives.shape[1] if negatives is not None and negatives.numel() else 0
         if not (self.mask_own_negatives and k):
             return labels[:, None]
         own = num_positives + labels[:, None] * k + torch.arange(k, device=labels.device)

@@ -34,6 +34,19 @@ def test_the_loss_is_the_weighted_sum_over_truncated_embeddings(loss_cls):
     torch.testing.assert_close(ours.scores[:, :6], full.detach())
 
 
+@pytest.mark.parametrize(("loss_cls", "gathers"), [(InfoNCELoss, 2), (GTELoss, 3)])
+def test_the_embeddings_are_gathered_once_at_full_width(monkeypatch: pytest.MonkeyPatch, loss_cls, gathers: int):
+    """Under DDP each gather is a collective: positives, negatives (and gte's queries) once a step, not once per
+    Matryoshka dimension."""
+    import gte_pro.losses as losses
+
+    calls = []
+    monkeypatch.setattr(losses, "gather_with_grad", lambda x: (calls.append(x.shape[-1]), (x, 0))[1])
+    q, pos, neg = _embeddings(1, 6, 32), _embeddings(2, 6, 32), _embeddings(3, 6, 2, 32)
+    loss_cls(matryoshka_dims=[32, 16, 8, 4])(q, pos, neg)
+    assert calls == [32] * gathers
+
+
 def test_matryoshka_settings_are_checked():
     with pytest.raises(ValueError, match=r"matryoshka_dims=\[64\]: 64 is larger than the model's embedding "
                                          r"dimension 32"):
