@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install train test test-slow test-all lint clean bench bench-eval bench-gradcache bench-mine bench-scale bench-negatives reliability
+.PHONY: install train test test-slow test-all lint clean bench bench-eval bench-gradcache bench-mine bench-scale bench-negatives bench-options bench-gpu reliability
 
 # torch first and alone: the pinned CPU wheel; an open range would pull a multi-GB CUDA build
 $(VENV)/.installed: pyproject.toml
@@ -53,6 +53,12 @@ bench-gradcache: install
 bench: install
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_train.py $(ARGS)
 
+# on a CUDA machine: samples/s, tokens/s, MFU and peak GPU memory of MiniLM- and gte-base-sized encoders (random
+# weights) at sequence 128/256 x batch 64/256 in bf16, plus eager / GradCache / torch.compile / DDP-on-1-GPU rows,
+# one table (~5 min); without CUDA it says so and exits 0 (--cpu runs the rows on the CPU)
+bench-gpu: install
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_gpu.py $(ARGS)
+
 # peak RSS and start-up for 10k vs 200k synthetic training pairs through train.py (token cache cold and warm;
 # ~15 min on 2 CPU cores, ~1 GB of files under --workdir)
 bench-scale: install
@@ -64,6 +70,11 @@ bench-scale: install
 # make bench-negatives ARGS="--seeds 1,2 --variants inbatch-gte,mined-gte --negatives 1"
 bench-negatives: install
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_negatives.py $(ARGS)
+
+# full fine-tune vs LoRA vs Matryoshka vs projection head at equal steps on pydocs: NDCG@10 (full and truncated),
+# trainable parameters, samples/s, peak RSS (~35 min on 2 CPU cores with the settings in the README)
+bench-options: install
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_options.py $(ARGS)
 
 # kill -9 a tiny 2-epoch run at random moments (and inside checkpoint writes and exports), restart it with the same
 # command, compare with an uninterrupted run bit for bit (README, Reliability; ~45 min on 2 CPU cores)

@@ -1,0 +1,151 @@
+"""One command for a GPU box (``make bench-gpu``, a few minutes): training throughput, MFU and peak memory of this
+project's training path (bench_train.py's ``ours``: the composed config, gte_pro.builders, ``trainer.fit``) in bf16.
+
+Usage::
+
+    python benchmarks/bench_gpu.py [--sizes minilm,base] [--seq 128,256] [--batch 64,256] [--steps 10]
+        [--precision bf16-mixed] [--peak-tflops T] [--json FILE] [--cpu] [--timeout S]
+
+Rows, each in a fresh process (peak memory is per row):
+
+- the grid: each encoder size (MiniLM-sized: 6 layers x 384; gte-base-sized: 12 layers x 768, both with random
+  weights of that shape and the packaged BERT tokenizer, so no hub is needed) x each sequence length x each batch
+  size, with sdpa attention, no GradCache, no torch.compile, no strategy;
+- one change at a time on the largest size at the first sequence length and the last batch size: eager attention,
+  GradCache (``loss.mini_batch_size`` = the first batch size), ``model.compile=true``, ``strategy=ddp devices=1``.
+
+The texts are the demo corpus cut at the sequence length (dynamic padding, so real tokens < positions). Figures:
+samples/s, real tokens/s, padding, MFU = 6 x non-embedding parameters x padded tokens / s / the device's peak dense
+bf16 FLOP/s (a table of known devices, or ``--peak-tflops``), and peak GPU memory. Without CUDA it says so and exits
+0; ``--cpu`` runs the same code path on the CPU instead (fp32, for tests: ``--sizes tiny``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+import bench_train
+import harness
+from harness import Column, Result
+
+SIZES = {  # random_init_config of each encoder size (the packaged MiniLM tokenizer: BERT's vocabulary)
+    "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128},
+    "minilm": {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536},
+    "base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
+}
+# dense bf16 peak FLOP/s (no sparsity) by a substring of torch.cuda.get_device_name()
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 PCIe": 756.0, "H100": 756.0, "A100": 312.0,
+                    "L40S": 362.0, "L4": 121.0, "A10G": 70.0, "A10": 125.0, "RTX 4090": 165.0, "RTX 3090": 71.0}
+CHANGES = ("eager", "gradcache", "compile", "ddp")
+
+
+def row_overrides(size: str, seq: int, batch: int, change: str | None, first_batch: int) -> list[str]:
+    # key by key: bench_train's variant specs separate overrides with ":"
+    overrides = ["model=tiny", *[f"model.random_init_config.{key}={value}" for key, value in SIZES[size].items()],
+                 f"data.max_length={seq}",
+                 f"data.batch_size={batch}", "data.max_train_rows=null"]
+    extra = {None: [], "eager": ["model.attn_implementation=eager"],
+             "gradcache": [f"loss.mini_batch_size={first_batch}"], "compile": ["model.compile=true"],
+             "ddp": ["strategy=ddp", "devices=1"]}[change]
+    return overrides + extra
+
+
+def rows(args: argparse.Namespace) -> list[dict]:
+    grid = [{"size": size, "seq": seq, "batch": batch, "change": None}
+            for size in args.size_list for seq in args.seq_list for batch in args.batch_list]
+    reference = {"size": args.size_list[-1], "seq": args.seq_list[0], "batch": args.batch_list[-1]}
+    return grid + [{**reference, "change": change} for change in args.change_list]
+
+
+def peak_tflops(device_name: str, given: float | None) -> float | None:
+    if given:
+        return given
+    return next((tflops for key, tflops in PEAK_BF16_TFLOPS.items() if key in device_name), None)
+
+
+def measure(row: dict, args: argparse.Namespace, work: Path) -> Result:
+    spec = ":".join(["ours", *row_overrides(row["size"], row["seq"], row["batch"], row["change"],
+                                           args.batch_list[0])])
+    payload = {"batch_size": row["batch"], "max_length": row["seq"], "steps": args.steps, "seed": 42,
+               "precision": args.precision, "threads": args.threads, "pairs": None, "pairs_file": None,
+               "eval_queries": None, "work_dir": str(work), "save_dir": None, "spec": spec}
+    return {**row, **harness.run_child(bench_train.train_child, payload, work, args.timeout)}
+
+
+def with_mfu(result: Result, tflops: float | None) -> Result:
+    if "gflops" in result and tflops:
+        result["mfu"] = result["gflops"] / (tflops * 1e3)
+    return result
+
+
+def report(results: list[Result], args: argparse.Namespace, device: str, tflops: float | None) -> None:
+    print(f"\n{device}, precision {args.precision}, {args.steps} measured steps after {bench_train.WARMUP_STEPS} "
+          f"warm-up, peak {tflops or '?'} TFLOP/s for MFU\n")
+    print(harness.table([
+        Column("size", "size", numeric=False, key=True), Column("seq", "seq", "d", key=True),
+        Column("batch", "batch", "d", key=True),
+        Column("change", lambda r: r["change"] or "-", numeric=False, key=True),
+        Column("samples/s", "samples_per_s", ".1f"), Column("real tokens/s", "real_tokens_per_s", ",.0f"),
+        Column("padding", "padding_fraction", ".2f"), Column("MFU", "mfu", ".1%"),
+        Column("peak GPU MB", "peak_gpu_mb", ",.0f"), Column("peak RSS MB", "peak_rss_mb", ",.0f")], results))
+    for result in results:
+        if "error" in result:
+            print(f"FAILED: {result['size']} seq {result['seq']} batch {result['batch']} {result['change'] or ''}: "
+                  f"{result['error']}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="minilm,base", help=f"comma-separated, of {', '.join(SIZES)}")
+    parser.add_argument("--seq", default="128,256")
+    parser.add_argument("--batch", default="64,256")
+    parser.add_argument("--changes", default=",".join(CHANGES), help="one-at-a-time changes ('' for none)")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--precision", default="bf16-mixed", choices=("bf16-mixed", "32-true"))
+    parser.add_argument("--peak-tflops", type=float, default=None, help="the device's peak dense bf16 TFLOP/s")
+    parser.add_argument("--threads", type=int, default=4, help="CPU threads per process (data loading)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per row before it is killed")
+    parser.add_argument("--cpu", action="store_true", help="run on the CPU when there is no CUDA (tests)")
+    parser.add_argument("--json", help="write every row's result to this file")
+    args = parser.parse_args(argv)
+    args.size_list = args.sizes.split(",")
+    args.seq_list = [int(s) for s in args.seq.split(",")]
+    args.batch_list = [int(b) for b in args.batch.split(",")]
+    args.change_list = [c for c in args.changes.split(",") if c]
+    for name, values, valid in (("--sizes", args.size_list, SIZES), ("--changes", args.change_list, CHANGES)):
+        if unknown := sorted(set(values) - set(valid)):
+            parser.error(f"{name}: unknown {', '.join(unknown)}; valid choices: {', '.join(valid)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    args = parse_args(argv)
+    if not torch.cuda.is_available() and not args.cpu:
+        print("no CUDA device here: make bench-gpu measures GPU training and has nothing to do on this machine "
+              "(--cpu runs the same rows on the CPU)")
+        return 0
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else (
+        f"CPU ({torch.backends.cpu.get_cpu_capability()})")
+    tflops = peak_tflops(device, args.peak_tflops) if torch.cuda.is_available() else None
+    print(f"$ {shlex.join([sys.executable, *sys.argv])}\ndevice: {device}", flush=True)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench_gpu_") as tmp:
+        for row in rows(args):
+            result = with_mfu(measure(row, args, Path(tmp)), tflops)
+            print(f"{row}: " + (f"{result['samples_per_s']:.1f} samples/s" if "error" not in result
+                                else f"FAILED {result['error']}"), flush=True)
+            results.append(result)
+    report(results, args, device, tflops)
+    harness.write_json(args.json, {"device": device, "peak_tflops": tflops, "settings": vars(args),
+                                   "rows": results})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
