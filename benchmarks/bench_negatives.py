@@ -44,6 +44,7 @@ from pydocs_runs import (
     finish_arguments,
     keep,
     mean_std,
+    print_failures,
     pydocs_set,
     recorded,
     run,
@@ -166,21 +167,14 @@ def report(rows: list[Result], table: list[Result], args: argparse.Namespace, be
         Column("wall s / run", "wall_s", ".0f")], table))
     for line in verdict(table):
         print(line)
-    for row in rows:
-        if "error" in row:
-            print(f"FAILED: {row['variant']} seed {row['seed']}: {row['error']}")
+    print_failures(rows)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser, workdir="/tmp/gte_pro_bench_negatives")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    add_arguments(parser, workdir="/tmp/gte_pro_bench_negatives", variants=VARIANTS)
     parser.add_argument("--negatives", type=int, default=1, help="mined hard negatives per query (data.num_negatives)")
-    args = finish_arguments(parser.parse_args(argv))
-    args.variant_list = args.variants.split(",")
-    unknown = sorted(set(args.variant_list) - set(VARIANTS))
-    if unknown:
-        parser.error(f"--variants: unknown {', '.join(unknown)}; valid choices: {', '.join(VARIANTS)}")
+    args = finish_arguments(parser, parser.parse_args(argv), VARIANTS)
     return args
 
 

@@ -39,6 +39,7 @@ from pydocs_runs import (
     common_overrides,
     finish_arguments,
     mean_std,
+    print_failures,
     pydocs_set,
     train_recorded,
     untrained_command,
@@ -126,24 +127,17 @@ def report(rows: list[Result], table: list[Result], args: argparse.Namespace, be
         Column("trainable params", "trainable", ",d"), Column("samples/s", "samples_per_s", ".1f"),
         Column("training s", "train_s", ".0f"), Column("peak RSS MB (training)", "peak_rss_train_mb", ".0f")],
         table))
-    for row in rows:
-        if "error" in row:
-            print(f"FAILED: {row['variant']} seed {row['seed']}: {row['error']}")
+    print_failures(rows)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser, workdir="/tmp/gte_pro_bench_options")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    add_arguments(parser, workdir="/tmp/gte_pro_bench_options", variants=VARIANTS)
     parser.add_argument("--dims", default="256,128,64", help="truncated widths evaluated (and trained by matryoshka)")
     parser.add_argument("--lora-lr", default="2e-4")
     parser.set_defaults(seeds="1")
-    args = finish_arguments(parser.parse_args(argv))
-    args.variant_list = args.variants.split(",")
+    args = finish_arguments(parser, parser.parse_args(argv), VARIANTS)
     args.dim_list = [int(d) for d in args.dims.split(",")]
-    unknown = sorted(set(args.variant_list) - set(VARIANTS))
-    if unknown:
-        parser.error(f"--variants: unknown {', '.join(unknown)}; valid choices: {', '.join(VARIANTS)}")
     if "matryoshka" in args.variant_list and args.model not in WIDTH:
         parser.error(f"--variants matryoshka: the embedding width of --model {args.model} is not known here; "
                      f"known: {', '.join(WIDTH)}")

@@ -20,8 +20,9 @@ REPO = Path(__file__).resolve().parents[1]
 TRAIN_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline"}
 
 
-def add_arguments(parser: argparse.ArgumentParser, workdir: str) -> None:
-    """The options every pydocs benchmark takes (set, length of training, model, where runs go, reuse)."""
+def add_arguments(parser: argparse.ArgumentParser, workdir: str, variants: tuple[str, ...]) -> None:
+    """The options every pydocs benchmark takes (variants, set, length of training, model, where runs go, reuse)."""
+    parser.add_argument("--variants", default=",".join(variants), help=f"comma-separated, of {', '.join(variants)}")
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--max-train", type=int, default=2000)
     parser.add_argument("--max-test", type=int, default=500)
@@ -42,10 +43,21 @@ def add_arguments(parser: argparse.ArgumentParser, workdir: str) -> None:
                              "extended by seeds or variants, only runs what is missing")
 
 
-def finish_arguments(args: argparse.Namespace) -> argparse.Namespace:
+def finish_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                     variants: tuple[str, ...]) -> argparse.Namespace:
     args.reuse = args.reuse or args.report
     args.seed_list = [int(s) for s in args.seeds.split(",")]
+    args.variant_list = args.variants.split(",")
+    unknown = sorted(set(args.variant_list) - set(variants))
+    if unknown:
+        parser.error(f"--variants: unknown {', '.join(unknown)}; valid choices: {', '.join(variants)}")
     return args
+
+
+def print_failures(rows: list[Result]) -> None:
+    for row in rows:
+        if "error" in row:
+            print(f"FAILED: {row['variant']} seed {row['seed']}: {row['error']}")
 
 
 def pydocs_set(args: argparse.Namespace) -> Path:
