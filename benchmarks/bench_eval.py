@@ -138,7 +138,7 @@ def main() -> None:
     rounds, rows = measure(runs, len(texts), args.repeats)
     print(f"{len(texts)} demo-corpus documents, all-MiniLM-L6-v2, batch {args.batch_size}, max_length "
           f"{args.max_length}, {torch.get_num_threads()} threads, torch {torch.__version__}, median of "
-          f"{args.repeats}\n")
+          f"{args.repeats}\n{harness.machine()}\n")
     print(table(rows), end="")
     harness.write_json(args.json, {"settings": vars(args), "runs": rounds, "medians": rows})
 

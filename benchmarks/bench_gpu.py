@@ -83,8 +83,8 @@ def with_mfu(result: Result, tflops: float | None) -> Result:
 
 
 def report(results: list[Result], args: argparse.Namespace, device: str, tflops: float | None) -> None:
-    print(f"\n{device}, precision {args.precision}, {args.steps} measured steps after {bench_train.WARMUP_STEPS} "
-          f"warm-up, peak {tflops or '?'} TFLOP/s for MFU\n")
+    print(f"\n{harness.machine()}\n{device}, precision {args.precision}, {args.steps} measured steps after "
+          f"{bench_train.WARMUP_STEPS} warm-up, peak {tflops or '?'} TFLOP/s for MFU\n")
     print(harness.table([
         Column("size", "size", numeric=False, key=True), Column("seq", "seq", "d", key=True),
         Column("batch", "batch", "d", key=True),

@@ -226,7 +226,7 @@ def main() -> None:
     print(f"all-MiniLM-L6-v2, demo-corpus pairs (in-batch negatives), max_length {args.max_length}, "
           f"{args.device}{' bf16 autocast' if args.bf16 else ' fp32'}, {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}; measured steps: {args.small_steps} (batch {args.small_batch}), {args.steps} "
-          f"(larger) after a warm-up step; {time.perf_counter() - started:.0f} s in all\n")
+          f"(larger) after a warm-up step; {time.perf_counter() - started:.0f} s in all\n{harness.machine()}\n")
     print(table(results), end="")
     print("\nlosses per step (same batches; dropout on, so cached and uncached differ slightly):")
     for r in results:

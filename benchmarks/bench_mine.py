@@ -25,7 +25,6 @@ from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
 import harness  # noqa: E402
-import torch  # noqa: E402
 from harness import Column, Result  # noqa: E402
 
 from gte_pro import packaged_minilm_path  # noqa: E402
@@ -142,8 +141,7 @@ def main() -> None:
     results, table_rows = measure(runs, docs, args.rounds)
     print(f"{len(rows)} demo pairs ({docs} corpus documents), all-MiniLM-L6-v2, batch {args.batch_size}, max_length "
           f"{args.max_length}, window [{args.range_min}, {args.range_max}), {args.num_negatives} negatives, relative "
-          f"margin {args.relative_margin}, top sampling; CPU {torch.backends.cpu.get_cpu_capability()}, "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__}, median of {args.rounds} rounds\n")
+          f"margin {args.relative_margin}, top sampling; median of {args.rounds} rounds\n{harness.machine()}\n")
     print(table(table_rows), end="")
     harness.write_json(args.json, {"settings": vars(args), "runs": results, "medians": table_rows})
 

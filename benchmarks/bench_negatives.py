@@ -152,14 +152,12 @@ def verdict(table: list[Result]) -> list[str]:
 
 
 def report(rows: list[Result], table: list[Result], args: argparse.Namespace, before: float | None) -> None:
-    import torch
 
     print(f"\nNDCG@10 on the pydocs test queries ({args.max_test} queries, {args.max_train} training pairs), "
           f"model={args.model}, batch {args.batch_size}, lr {args.lr}, "
           + (f"{args.steps} steps" if args.steps else f"{args.epochs} epochs")
           + f", {args.negatives} mined negative(s) per query; seeds {args.seeds}")
-    print(f"CPU capability: {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}, "
-          f"CUDA: {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}\n")
+    print(f"{harness.machine()}\n")
     print(f"untrained model: {before:.4f}\n" if before is not None else "", end="")
     print(harness.table([
         Column("variant", "variant", numeric=False, key=True), Column("NDCG@10 mean", "mean", ".4f"),

@@ -109,13 +109,11 @@ def summarize(rows: list[Result], args: argparse.Namespace) -> list[Result]:
 
 
 def report(rows: list[Result], table: list[Result], args: argparse.Namespace, before: dict | None) -> None:
-    import torch
 
     print(f"\npydocs test queries ({args.max_test}), {args.max_train} training pairs, model={args.model}, batch "
           f"{args.batch_size}, lr {args.lr} (lora {args.lora_lr}), "
           + (f"{args.steps} steps" if args.steps else f"{args.epochs} epochs") + f"; seeds {args.seeds}")
-    print(f"CPU capability: {torch.backends.cpu.get_cpu_capability()}, torch {torch.__version__}, "
-          f"CUDA: {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}\n")
+    print(f"{harness.machine()}\n")
     if before:
         dims = ", ".join(f"dim{d} {before[f'dim{d}/ndcg@10']:.4f}" for d in args.dim_list
                          if f"dim{d}/ndcg@10" in before)

@@ -156,7 +156,7 @@ def by_size(rows: list[Result]) -> dict[int, Result]:
 
 def report(rows: list[Result], args: argparse.Namespace) -> None:
     print(f"\ntrain.py, data=jsonl, {args.steps} steps of batch 32, max_length {args.max_length}, "
-          f"{VAL_ROWS}-query validation file, packaged MiniLM\n")
+          f"{VAL_ROWS}-query validation file, packaged MiniLM\n{harness.machine()}\n")
     sizes = by_size(rows)
     print(harness.table([
         Column("training pairs", lambda r: f"{r['pairs']:,}", key=True), Column("file MB", "file_mb", ".0f"),

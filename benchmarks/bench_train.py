@@ -568,7 +568,7 @@ def report(args: argparse.Namespace, command: str, variants: Sequence[Variant], 
     data = args.pairs_file or "demo corpus"
     print(f"\nbatch {args.batch_size}, max_length {args.max_length}, {args.steps} measured steps after "
           f"{WARMUP_STEPS} warm-up steps, {args.rounds} interleaved rounds (medians), precision {args.precision}, "
-          f"{args.threads} threads, device {', '.join(devices)}, data: {data}\n")
+          f"{args.threads} threads, device {', '.join(devices)}, data: {data}\n{harness.machine()}\n")
     print(table(runs, args.eval), end="")
     if untrained is not None:
         scored = (f"ndcg@10 {untrained['ndcg@10']:.4f}, recall@10 {untrained['recall@10']:.4f} "

@@ -208,6 +208,18 @@ class PeakMemory:
         return peak - self.base, peak
 
 
+def machine() -> str:
+    """What a table was measured on: speeds compare only within one machine (bf16 on a CPU without avx512_bf16/AMX
+    is emulated, ~10x slower), so every benchmark prints this line with its table."""
+    import os
+
+    import torch
+
+    cuda = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    return (f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores, "
+            f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, CUDA: {cuda}")
+
+
 def clock() -> float:
     """``perf_counter`` once the GPU has finished the work queued so far (kernels run asynchronously)."""
     if cuda := _cuda():
