@@ -62,5 +62,5 @@ class PhaseTimes:
 
     def line(self) -> str:
         times = " | ".join(f"{name} {seconds:.1f} s" for name, seconds in self.record().items())
-        peaks = " | ".join(f"{name} {mb / 1024:.2f} GB" for name, mb in self.peak_rss_mb.items())
+        peaks = " | ".join(f"{name} {mb / 1024:.2f} GiB" for name, mb in self.peak_rss_mb.items())
         return f"wall time: {times}\npeak RSS at the end of: {peaks}"
