@@ -445,6 +445,13 @@ cmd_status() {
     done
     echo "nodes configured: $(cat "$BASE/nodes" 2>/dev/null || echo none)"
     grep "$HOSTS_MARK" /etc/hosts 2>/dev/null || true
+    # what is left on the machine, ours or not: slurmd processes and UTS namespaces other than this shell's
+    echo "slurmd processes: $(pgrep -xc slurmd || true)"
+    if command -v lsns >/dev/null 2>&1; then
+        local own
+        own=$(readlink /proc/$$/ns/uts | tr -dc 0-9)
+        echo "other UTS namespaces: $(lsns -t uts -n -o NS 2>/dev/null | grep -vcx "$own" || true)"
+    fi
     timeout 15 sinfo || { echo "cluster does not answer"; return 1; }
     timeout 15 squeue || return 1
 }
