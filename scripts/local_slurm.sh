@@ -420,7 +420,7 @@ cmd_stop() {
     # Reverse start order, and only the PIDs this script recorded.
     local d pid end f
     local slurmds=()
-    for f in "$PID_DIR"/slurmd*.pid; do [[ -e $f ]] && slurmds+=("$(basename "$f" .pid)"); done
+    for f in "$PID_DIR"/slurmd.pid "$PID_DIR"/slurmd-*.pid; do [[ -e $f ]] && slurmds+=("$(basename "$f" .pid)"); done
     for d in "${slurmds[@]}" slurmctld slurmdbd mariadbd munged; do
         pid=$(pid_of "$d") || { rm -f "$PID_DIR/$d.pid"; continue; }
         say "stopping $d (pid $pid)"
@@ -440,6 +440,8 @@ cmd_stop() {
 
 cmd_status() {
     local d pid
+    # the daemons of the cluster as it was started, whatever GTE_SLURM_NODES says now
+    [[ -s $BASE/nodes ]] && NODES=$(wc -w <"$BASE/nodes")
     for d in munged mariadbd slurmdbd slurmctld $(slurmd_daemons); do
         if pid=$(pid_of "$d"); then echo "$d: running (pid $pid)"; else echo "$d: not running (from this script)"; fi
     done
