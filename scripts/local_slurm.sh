@@ -448,7 +448,7 @@ cmd_status() {
     echo "nodes configured: $(cat "$BASE/nodes" 2>/dev/null || echo none)"
     grep "$HOSTS_MARK" /etc/hosts 2>/dev/null || true
     # what is left on the machine, ours or not: slurmd processes and UTS namespaces other than this shell's
-    echo "slurmd processes: $(pgrep -xc slurmd || true)"
+    echo "slurmd processes (zombies not counted): $(ps -eo stat=,comm= | awk '$1 !~ /^Z/ && $2 == "slurmd"' | wc -l)"
     if command -v lsns >/dev/null 2>&1; then
         local own
         own=$(readlink /proc/$$/ns/uts | tr -dc 0-9)
