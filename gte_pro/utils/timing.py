@@ -1,6 +1,7 @@
 """Where a run's wall time and memory go: seconds per phase (start-up, setup, validation, training, exports), printed
 at the end of a run and kept in ``metrics.json`` under ``timing``, and the process's peak RSS when each phase ended
-(``peak_rss_mb``): the phase whose figure jumps is the one that needed the memory."""
+(``peak_rss_mb``): the phase whose figure jumps is the one that needed the memory. The peak is the process's: the
+later jobs of a sweep, which share the process, start from the earlier jobs' peak."""
 
 from __future__ import annotations
 
