@@ -57,7 +57,8 @@ def test_preempted_job_checkpoints_requeues_and_resumes_to_the_same_final_step(t
     if topology == "two-nodes" and not two_nodes_up():
         pytest.skip("needs the two simulated nodes: GTE_SLURM_NODES=2 bash scripts/local_slurm.sh start")
     sweep = tmp_path / "preempt"
-    steps = 1500
+    # every epoch (25 steps) validates: 300 steps keep the run after the signal to a minute or two on 2 cores
+    steps = 300
     cmd = SWEEP + TOPOLOGIES[topology] + [
         f"hydra.sweep.dir={sweep}", f"paths.cache_dir={cache_dir}", "trainer.limit_train_batches=null",
         f"trainer.max_steps={steps}", "trainer.max_epochs=-1", "data.max_train_rows=400",
@@ -65,10 +66,12 @@ def test_preempted_job_checkpoints_requeues_and_resumes_to_the_same_final_step(t
     launcher = subprocess.Popen(cmd, cwd=REPO, env=slurm_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True)
     try:
-        _, log = _wait_for(r"step [1-9]\d\d/1500", sweep / ".submitit", timeout=300)
+        _, log = _wait_for(rf"step ([4-9]\d|[12]\d\d)/{steps}", sweep / ".submitit", timeout=300)
         job_id = log.parent.name.split("_")[0]
         subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
         output, _ = launcher.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the preempted job did not finish in 600 s\n{_slurm_report(sweep)}")
     finally:
         launcher.kill()
     assert launcher.returncode == 0, output[-3000:]
@@ -82,6 +85,16 @@ def test_preempted_job_checkpoints_requeues_and_resumes_to_the_same_final_step(t
     assert metrics["world_size"] == 2
     states = _job_states(job_id, until="COMPLETED", timeout=120)
     assert "REQUEUED" in states and "COMPLETED" in states
+
+
+def _slurm_report(sweep: Path) -> str:
+    """What SLURM and the job's logs say: for a test that timed out."""
+    report = [subprocess.run(cmd, capture_output=True, text=True).stdout for cmd in
+              (["squeue"], ["sacct", "-D", "-X", "-o", "JobID,State,Start,End,NodeList"], ["sinfo", "-N"])]
+    for log in sorted((sweep / ".submitit").rglob("*_log.*")):
+        lines = log.read_text(errors="replace").splitlines()
+        report.append(f"--- {log.name} (last 15 lines)\n" + "\n".join(line[:200] for line in lines[-15:]))
+    return "\n".join(report)
 
 
 def _job_states(job_id: str, until: str, timeout: float) -> str:
