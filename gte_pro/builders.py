@@ -12,7 +12,7 @@ import torch
 from hydra.utils import instantiate
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.accelerators import CPUAccelerator
-from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
@@ -59,9 +59,14 @@ def build_strategy(cfg: DictConfig) -> Any:
 def build_trainer(cfg: DictConfig, callbacks: list[Callback], loggers: list[Logger]) -> Trainer:
     if not loggers:  # logger=none: the learning-rate monitor has nowhere to write and Lightning refuses it
         callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
+    options: dict[str, Any] = {}
+    if "enable_progress_bar" not in cfg.trainer:
+        # callbacks.progress_bar=null means no bar, not Lightning's default one (in a SLURM log it is only noise;
+        # the Throughput callback logs progress lines instead)
+        options["enable_progress_bar"] = any(isinstance(cb, ProgressBar) for cb in callbacks)
     # every checkpoint (last, best, preemption) is written atomically and read back with weights_only=True
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, strategy=build_strategy(cfg),
-                          plugins=[AtomicCheckpointIO()])
+                          plugins=[AtomicCheckpointIO()], **options)
     warning = emulated_bf16_warning(cfg.trainer.precision, isinstance(trainer.accelerator, CPUAccelerator),
                                     cpu_has_native_bf16())
     if warning and trainer.is_global_zero:
