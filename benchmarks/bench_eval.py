@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import harness
+import numpy as np
 import torch
 import torch.nn.functional as F
 from harness import Column, Result
@@ -42,16 +43,15 @@ def demo_texts(count: int, cache_dir: str) -> list[str]:
 def ours(encoder: Encoder, texts: Sequence[str], batch_size: int, sort: bool) -> Run:
     """The validation path: EvalTexts (sorted by token count) + EvalCollator + the encoder under inference mode.
 
-    The timing includes the token-count pre-pass (a loader is built, so the texts are sorted, on every run)."""
+    The timing includes the tokenization (a dataset is built, so the texts are tokenized and sorted, every run)."""
     retrieval = RetrievalSet(queries=[texts[0]], corpus=list(texts), relevant=[{0}])
-    collate = EvalCollator(encoder.tokenizer, encoder.max_length)
+    collate = EvalCollator(encoder.tokenizer)
 
     def make_dataset() -> EvalTexts:
+        dataset = EvalTexts(retrieval, encoder.tokenizer, encoder.max_length)
         if not sort:  # the same path, batches in file order
-            dataset = EvalTexts(retrieval)
-            dataset.items = sorted(dataset.items, key=lambda item: (item[0] < 0, abs(item[0])))
-            return dataset
-        return EvalTexts(retrieval, tokenizer=encoder.tokenizer, max_length=encoder.max_length)
+            dataset.order = np.arange(len(dataset))
+        return dataset
 
     def run() -> tuple[torch.Tensor, float]:
         loader = DataLoader(make_dataset(), batch_size=batch_size, collate_fn=collate)

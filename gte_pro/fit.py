@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import Logger
@@ -24,6 +25,7 @@ from gte_pro.builders import (
     instantiate_dict,
     seed_and_precision,
 )
+from gte_pro.callbacks import ValidationRecord
 from gte_pro.evaluation.report import merge_results, metrics_table, optimized_value
 from gte_pro.evaluation.sets import attach_eval_sets
 from gte_pro.export.release import check_export_requirements, release
@@ -126,7 +128,7 @@ def _set_up(cfg: DictConfig) -> tuple[ContrastiveModule, Any, list[Any], list[Lo
     attach_eval_sets(datamodule, cfg)  # eval.beir: validated (and logged) next to the held-out split
     module = build_module(cfg, encoder)
     _log_parameters(encoder)
-    callbacks = instantiate_dict(cfg.get("callbacks"))
+    callbacks = [*instantiate_dict(cfg.get("callbacks")), ValidationRecord()]
     if under_submitit():
         callbacks.append(PreemptionCheckpoint(output_dir))
     remine = remine_callback(cfg, output_dir)
@@ -174,6 +176,23 @@ def _validate_before(cfg: DictConfig, trainer: Trainer, module: ContrastiveModul
     return before
 
 
+def _validate_best(trainer: Trainer, module: ContrastiveModule, datamodule: Any, best_ckpt: str | None,
+                   record: ValidationRecord) -> dict[str, float]:
+    """The metrics of the best checkpoint (no checkpointing: the last weights), whose weights the module holds after
+    this call, for the exports. A checkpoint that was validated during this fit is loaded, not validated again."""
+    if best_ckpt:
+        checkpoint = torch.load(best_ckpt, map_location="cpu", mmap=True, weights_only=True)
+        known = record.by_step.get(checkpoint["global_step"])
+        if known:
+            module.load_state_dict(checkpoint["state_dict"])
+            log.info("validation after training (%s): validated at step %d with the same weights: %s", best_ckpt,
+                     checkpoint["global_step"], _format(known))
+            return known
+    after = merge_results(trainer.validate(module, datamodule=datamodule, ckpt_path=best_ckpt, verbose=False))
+    log.info("validation after training (%s): %s", best_ckpt or "last weights", _format(after))
+    return after
+
+
 def _fit_validate_export(cfg: DictConfig, output_dir: Path, module: ContrastiveModule, datamodule: Any,
                          callbacks: list[Any], loggers: list[Logger], ckpt_path: str | None,
                          config_changes: dict[str, Any], times: PhaseTimes) -> dict[str, float]:
@@ -197,8 +216,8 @@ def _fit_validate_export(cfg: DictConfig, output_dir: Path, module: ContrastiveM
     train_metrics = {**module.train_metrics(), **rates}
     best_ckpt = _best_checkpoint(trainer)
     with times.phase("validation after"):
-        after = merge_results(trainer.validate(module, datamodule=datamodule, ckpt_path=best_ckpt, verbose=False))
-    log.info("validation after training (%s): %s", best_ckpt or "last weights", _format(after))
+        record = next(cb for cb in callbacks if isinstance(cb, ValidationRecord))
+        after = _validate_best(trainer, module, datamodule, best_ckpt, record)
 
     if trainer.is_global_zero:
         _export_and_record(cfg, output_dir, module, {

@@ -90,10 +90,10 @@ def test_eval_specs_accept_folders_and_mappings_and_refuse_clashing_names(beir_d
         eval_set_specs([{"folder": str(beir_dir)}], "test")
 
 
-def test_eval_config_loads_each_named_set(make_cfg, beir_dir: Path):
+def test_eval_config_loads_each_named_set(make_cfg, beir_dir: Path, tokenizer):
     other = shutil.copytree(beir_dir, beir_dir.parent / "other")
     cfg = make_cfg([f"eval.beir=[{beir_dir},{{path: {other}, split: dev}}]"])
-    sets = load_eval_sets(cfg.eval)
+    sets = load_eval_sets(cfg, tokenizer)
     assert [(name, len(rs.queries)) for name, rs in sets] == [("scifake", 8), ("other", 6)]
     assert cfg.eval.batch_size == cfg.data.eval_batch_size and cfg.eval.max_length == cfg.data.max_length
 
@@ -133,3 +133,51 @@ def test_numeric_ids_are_read_as_text(beir_dir: Path):
     (beir_dir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq22\t22\t1\n")
     test = load_beir(beir_dir, "test")
     assert test.corpus_ids[next(iter(test.relevant[0]))] == "22"
+
+
+def test_a_stored_corpus_gives_the_same_set_and_token_ids_and_is_built_once(beir_dir: Path, tokenizer,
+                                                                           tmp_path: Path, monkeypatch):
+    from gte_pro.data import corpus_store
+    from gte_pro.data.corpus_store import load_beir_stored
+    from gte_pro.data.datasets import EvalTexts
+
+    builds: list[Path] = []
+    build = corpus_store.build_corpus_store
+    monkeypatch.setattr(corpus_store, "build_corpus_store", lambda *a, **k: builds.append(a[2]) or build(*a, **k))
+    monkeypatch.setattr(corpus_store, "CHUNK", 5)  # several chunks for 36 documents
+    cache = tmp_path / "cache"
+    stored = load_beir_stored(beir_dir, "test", None, tokenizer, 24, "passage: ", cache)
+    memory = load_beir(beir_dir, "test")
+    assert (stored.queries, stored.relevant, stored.query_ids) == (memory.queries, memory.relevant, memory.query_ids)
+    assert len(stored.corpus) == 36
+    with pytest.raises(TypeError, match="token ids on disk"):
+        stored.corpus[0]
+    expected = EvalTexts(memory, tokenizer, 24, "query: ", "passage: ")
+    ours = EvalTexts(stored, tokenizer, 24, "query: ", "passage: ")
+    assert ours.order.tolist() == expected.order.tolist()
+    for i in range(len(ours)):
+        assert ours[i][0] == expected[i][0] and ours[i][1].tolist() == expected[i][1].tolist()
+    with pytest.raises(ValueError, match="tokenized with max_length=24"):
+        EvalTexts(stored, tokenizer, 32, "query: ", "passage: ")
+    # a second load reuses the store; a changed corpus (or max_length) builds a new one
+    load_beir_stored(beir_dir, "dev", None, tokenizer, 24, "passage: ", cache)
+    assert len(builds) == 1
+    with open(beir_dir / "corpus.jsonl", "a") as corpus:
+        corpus.write(json.dumps({"_id": "new", "text": "one more document"}) + "\n")
+    assert len(load_beir_stored(beir_dir, "test", None, tokenizer, 24, "passage: ", cache).corpus) == 37
+    assert len(builds) == 2 and builds[0] != builds[1]
+
+
+def test_a_stored_corpus_reports_duplicate_ids_and_unknown_qrels_ids_by_line(beir_dir: Path, tokenizer,
+                                                                            tmp_path: Path):
+    from gte_pro.data.corpus_store import load_beir_stored
+
+    lines = (beir_dir / "corpus.jsonl").read_text().splitlines()
+    (beir_dir / "corpus.jsonl").write_text("\n".join([*lines, lines[2]]) + "\n")
+    with pytest.raises(DataError, match=r"corpus\.jsonl, line 37: duplicate _id 'd2' \(first on line 3\)"):
+        load_beir_stored(beir_dir, "test", None, tokenizer, 24, "", tmp_path / "c1")
+    (beir_dir / "corpus.jsonl").write_text("\n".join(lines[:22] + lines[23:]) + "\n")  # d22 is gone; test judges it
+    qrels = (beir_dir / "qrels" / "test.tsv").read_text().splitlines()
+    line = next(n for n, row in enumerate(qrels, 1) if row.split("\t")[1] == "d22")
+    with pytest.raises(DataError, match=rf"test\.tsv, line {line}: corpus-id 'd22' is not in corpus\.jsonl"):
+        load_beir_stored(beir_dir, "test", None, tokenizer, 24, "", tmp_path / "c2")

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from gte_pro.data.beir import load_beir
+from gte_pro.evaluation.metrics import RetrievalSet
 from gte_pro.model import Encoder
 from gte_pro.train import train
 from tests.beir_data import st_evaluator_metrics, write_beir_folder
@@ -80,17 +81,24 @@ def test_encoding_runs_in_inference_mode_and_the_trainers_precision(make_cfg, be
 
 
 def test_prefixes_from_the_model_config_reach_queries_and_documents(make_cfg, beir_dir: Path, tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch):
-    from gte_pro.data.collate import EvalCollator
+                                                                    monkeypatch: pytest.MonkeyPatch, tokenizer):
+    from gte_pro.data.corpus_store import CorpusStore
+    from gte_pro.data.datasets import TokenizedTexts
 
-    texts: list[str] = []
-    collate = EvalCollator.__call__
-    monkeypatch.setattr(EvalCollator, "__call__",
-                        lambda self, items: texts.extend(t for _, t in items) or collate(self, items))
+    texts: list[str] = []  # the queries, tokenized when the evaluation starts
+    tokenize = TokenizedTexts.__init__
+    monkeypatch.setattr(TokenizedTexts, "__init__",
+                        lambda self, tokenizer, items, *args: texts.extend(items) or tokenize(self, tokenizer, items,
+                                                                                               *args))
     cfg = make_cfg(["mode=eval", "model=tiny", "model.query_prefix='query: '", "model.doc_prefix='passage: '",
                     f"eval.beir=[{beir_dir}]"], output_dir=tmp_path / "prefixed")
     train(cfg)
-    assert sum(t.startswith("query: ") for t in texts) == 8 and sum(t.startswith("passage: ") for t in texts) == 36
+    assert len(texts) == 8 and all(t.startswith("query: ") for t in texts)
+    # the documents were tokenized once into the corpus store, with the prefix
+    (store,) = [s for s in map(CorpusStore, Path(cfg.paths.cache_dir).expanduser().glob("corpora/*"))
+                if s.meta["corpus"] == str(beir_dir / "corpus.jsonl")]
+    assert store.meta["doc_prefix"] == "passage: " and len(store) == 36
+    assert all(tokenizer.decode(store[j][1:3]) == "passage :" for j in range(len(store)))
 
 
 def test_without_beir_sets_the_data_modules_held_out_split_is_evaluated(make_cfg, tmp_path: Path):
@@ -133,3 +141,48 @@ def test_two_ddp_processes_give_the_one_process_numbers(make_cfg, beir_dir: Path
     assert two["world_size"] == 2 and one["world_size"] == 1
     assert two["sets"]["scifake"]["metrics"] == pytest.approx(one["sets"]["scifake"]["metrics"], abs=1e-6)
     assert 0.0 < one["sets"]["scifake"]["metrics"]["ndcg@10"] < 1.0
+
+
+def test_pre_tokenized_batches_equal_the_tokenizers_own_padding(tokenizer):
+    from gte_pro.data.collate import EvalCollator
+    from gte_pro.data.datasets import EvalTexts
+
+    corpus = ["a short one", "a much longer document " * 40, "", "mid length text about sorting things"]
+    retrieval = RetrievalSet(queries=["what sorts?", "q"], corpus=corpus, relevant=[{3}, {0}])
+    dataset = EvalTexts(retrieval, tokenizer, max_length=16, query_prefix="query: ", doc_prefix="doc: ")
+    items = [dataset[i] for i in range(len(dataset))]
+    lengths = [len(tokens) for _, tokens in items]
+    assert lengths == sorted(lengths, reverse=True) and max(lengths) == 16  # longest first, truncated
+    batch = EvalCollator(tokenizer)(items)
+    texts = {i: "query: " + q for i, q in enumerate(retrieval.queries)}
+    texts |= {-(j + 1): "doc: " + d for j, d in enumerate(corpus)}
+    expected = tokenizer([texts[i] for i in batch["ids"].tolist()], padding=True, truncation=True, max_length=16,
+                         return_tensors="pt")
+    assert sorted(batch["ids"].tolist()) == [-4, -3, -2, -1, 0, 1]
+    assert batch["features"].keys() == expected.keys()
+    for key in expected:
+        assert torch.equal(batch["features"][key], expected[key]), key
+
+
+def test_a_run_tokenizes_its_validation_texts_once_and_validates_each_weights_once(make_cfg, tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch):
+    from gte_pro.data.datasets import TokenizedTexts
+    from gte_pro.module import ContrastiveModule
+
+    sizes: list[int] = []
+    tokenize = TokenizedTexts.__init__
+    monkeypatch.setattr(TokenizedTexts, "__init__",
+                        lambda self, tokenizer, texts, *args: sizes.append(len(texts)) or tokenize(self, tokenizer,
+                                                                                                   texts, *args))
+    validations: list[int] = []
+    epoch_end = ContrastiveModule.on_validation_epoch_end
+    monkeypatch.setattr(ContrastiveModule, "on_validation_epoch_end",
+                        lambda self: validations.append(self.global_step) or epoch_end(self))
+    cfg = make_cfg(["debug=fast", "trainer.max_epochs=2", "callbacks.early_stopping=null", "logger=none"],
+                   output_dir=tmp_path / "run")
+    train(cfg)
+    report = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert sizes == [32, 1266]  # the held-out split's queries and corpus, tokenized for the first validation only
+    # before training, after each of the 2 epochs (4 steps each); the best checkpoint is one of those weights
+    assert validations == [0, 4, 8]
+    assert int(Path(report["best_checkpoint"]).stem.split("step")[-1]) in (4, 8)

@@ -50,11 +50,32 @@ def _module_outcome(module: Any) -> tuple[int, Any]:
     return counted, (rows, module.retrieval.queries, module.retrieval.corpus)
 
 
+def _load_beir_both_ways(folder: Path, tokenizer: Any, cache: Path) -> Any:
+    """``load_beir`` (corpus in memory, what data=beir reads) and ``load_beir_stored`` (corpus tokenized on disk,
+    what eval.beir reads) must agree: both fail with a DataError, or both give the same set."""
+    from gte_pro.data.beir import load_beir
+    from gte_pro.data.corpus_store import load_beir_stored
+    from gte_pro.data.records import DataError
+
+    outcomes: list[Any] = []
+    for load in (lambda: load_beir(folder, "test"),
+                 lambda: load_beir_stored(folder, "test", None, tokenizer, 32, "", cache / "stores")):
+        try:
+            outcomes.append(load())
+        except DataError as error:
+            outcomes.append(error)
+    memory, stored = outcomes
+    if isinstance(memory, DataError) or isinstance(stored, DataError):
+        assert isinstance(memory, DataError) and isinstance(stored, DataError), (memory, stored)
+        raise memory
+    assert (stored.queries, stored.relevant, stored.query_ids) == (memory.queries, memory.relevant, memory.query_ids)
+    assert len(stored.corpus) == len(memory.corpus) and stored.anomalies == memory.anomalies
+    return memory
+
+
 def run_data(kind: str, ctx: dict[str, Any], tokenizer: Any, cache: Path) -> tuple[int, Any]:
     if kind == "beir":
-        from gte_pro.data.beir import load_beir
-
-        beir = load_beir(ctx["folder"], "test")
+        beir = _load_beir_both_ways(ctx["folder"], tokenizer, cache)
         tokenizer(beir.queries + beir.corpus, truncation=True, max_length=32)  # every text must be encodable
         return sum(getattr(beir, "anomalies", {}).values()), (beir.queries, beir.corpus, beir.relevant, beir.query_ids)
     if kind == "jsonl":
@@ -107,7 +128,7 @@ def run_cli(kind: str, ctx: dict[str, Any], tokenizer: Any, folder: Path, cache:
     check_config(cfg)  # train() starts here
     check_devices_match_tasks(cfg.devices, tasks_per_node_from_scheduler())  # then job_scope
     check_multi_node_launch(cfg.nodes)
-    load_eval_sets(cfg.get("eval"))
+    load_eval_sets(cfg, tokenizer)
     datamodule = build_datamodule(cfg, tokenizer)
     if ctx["setup"]:
         datamodule.setup("fit")

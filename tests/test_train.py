@@ -160,6 +160,22 @@ def test_load_from_checkpoint_rebuilds_the_module_with_its_weights(fast_run):
     torch.testing.assert_close(module.encoder.encode(TEXTS), exported.encode(TEXTS), atol=1e-5, rtol=1e-4)
 
 
+def test_the_final_metrics_are_those_of_validating_the_best_checkpoint(fast_run):
+    """The run reuses the metrics of the best checkpoint's validation during fit instead of validating it again."""
+    from gte_pro.builders import build_datamodule, build_trainer
+    from gte_pro.evaluation.report import merge_results
+    from gte_pro.module import ContrastiveModule
+
+    cfg, out, _ = fast_run
+    metrics = json.loads((out / "metrics.json").read_text())
+    module = ContrastiveModule.load_from_checkpoint(metrics["best_checkpoint"])
+    encoder = module.encoder
+    datamodule = build_datamodule(cfg, encoder.tokenizer, encoder.query_prefix, encoder.doc_prefix)
+    fresh = merge_results(build_trainer(cfg, callbacks=[], loggers=[]).validate(module, datamodule=datamodule,
+                                                                                 verbose=False))
+    assert fresh == pytest.approx(metrics["val"], abs=1e-6) and "val/ndcg@10" in fresh
+
+
 def test_an_unknown_optimized_metric_fails_before_training(make_cfg, tmp_path):
     cfg = make_cfg(["debug=fast", "logger=none", "optimized_metric=val/ndcg@11"], output_dir=tmp_path / "metric")
     with pytest.raises(ValueError, match=r"optimized_metric='val/ndcg@11' is not a metric of this run; "

@@ -1,7 +1,5 @@
 """The base Lightning data module: cleaning, the validation split, the token cache, batching and validation sets.
-
-Subclasses (one file per source: ``demo``, ``jsonl``, ``hf``, ``beir``) only say where the rows come from.
-"""
+Subclasses (one file per source: ``demo``, ``jsonl``, ``hf``, ``beir``) only say where the rows come from."""
 
 from __future__ import annotations
 
@@ -29,7 +27,7 @@ from gte_pro.data.cache import (
     write_tokenized,
 )
 from gte_pro.data.collate import EvalCollator, TokenCollator
-from gte_pro.data.datasets import EvalTexts, ExampleView, TokenizedPairs
+from gte_pro.data.datasets import EvalTextsCache, ExampleView, TokenizedPairs
 from gte_pro.data.records import CleaningReport, DataError, Example, iter_clean_examples
 from gte_pro.data.sampling import EpochSampler, ResumableLoader
 from gte_pro.data.split import is_held_out
@@ -102,6 +100,7 @@ class ContrastiveDataModule(LightningDataModule, abc.ABC):
         self.extra_eval: list[tuple[str, RetrievalSet]] = []
         self.extra_eval_batch_size = eval_batch_size
         self.extra_eval_max_length = max_length
+        self._eval_texts = EvalTextsCache()
         self._train_loader: ResumableLoader | None = None
         self._resume_position: dict[str, Any] | None = None  # from a checkpoint, for the next train_dataloader()
         self.negative_pool: Any = None  # re-mined negatives (gte_pro.mining.remine sets it), drawn from when set
@@ -288,8 +287,8 @@ class ContrastiveDataModule(LightningDataModule, abc.ABC):
         return [("", self.retrieval), *self.extra_eval]
 
     def _eval_loader(self, retrieval: RetrievalSet, batch_size: int, max_length: int) -> DataLoader:
-        collate = EvalCollator(self._require_tokenizer(), max_length)
-        texts = EvalTexts(retrieval, self.query_prefix, self.doc_prefix, self.tokenizer, max_length)
+        collate = EvalCollator(self._require_tokenizer())
+        texts = self._eval_texts.get(self.tokenizer, retrieval, max_length, self.query_prefix, self.doc_prefix)
         return DataLoader(texts, batch_size=batch_size, collate_fn=collate, num_workers=self.num_workers,
                           pin_memory=self.pin_memory, persistent_workers=self.persistent_workers)
 

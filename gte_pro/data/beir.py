@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,7 @@ class BeirSet(RetrievalSet):
 
 
 # --- reading the three files -------------------------------------------------------------------------------------
-def _folder(path: str | Path) -> Path:
+def beir_folder(path: str | Path) -> Path:
     folder = Path(path).expanduser()
     if not folder.is_dir():
         raise DataError(f"{folder}: not a BEIR folder (no such directory; expected corpus.jsonl, queries.jsonl, "
@@ -99,7 +99,7 @@ def _query_text(record: dict, where: str, query_id: str) -> str:
 
 def read_beir_corpus(folder: str | Path) -> tuple[list[str], list[str]]:
     """(ids, texts) of ``corpus.jsonl`` in file order."""
-    pairs = list(_read_jsonl_ids(_folder(folder) / "corpus.jsonl", _document_text))
+    pairs = list(_read_jsonl_ids(beir_folder(folder) / "corpus.jsonl", _document_text))
     if not pairs:
         raise DataError(f"{Path(folder) / 'corpus.jsonl'}: no documents")
     return [doc_id for doc_id, _ in pairs], [text for _, text in pairs]
@@ -107,7 +107,7 @@ def read_beir_corpus(folder: str | Path) -> tuple[list[str], list[str]]:
 
 def read_beir_queries(folder: str | Path) -> dict[str, str]:
     """id -> text of ``queries.jsonl`` (all splits' queries; the qrels say which belong to a split)."""
-    return dict(_read_jsonl_ids(_folder(folder) / "queries.jsonl", _query_text))
+    return dict(_read_jsonl_ids(beir_folder(folder) / "queries.jsonl", _query_text))
 
 
 def beir_splits(folder: str | Path) -> list[str]:
@@ -130,20 +130,30 @@ def _qrels_rows(path: Path) -> Iterator[tuple[str, int, list[str]]]:
         yield f"{path}, line {line_no}", line_no, columns
 
 
-def _qrels_path(folder: str | Path, split: str) -> Path:
-    folder = _folder(folder)
+class _EveryId:
+    def __contains__(self, doc_id: object) -> bool:
+        return True
+
+
+_EVERY_ID = _EveryId()
+
+
+def qrels_path(folder: str | Path, split: str) -> Path:
+    folder = beir_folder(folder)
     path = folder / "qrels" / f"{split}.tsv"
     if not path.is_file():
         raise DataError(f"{path}: file not found (splits in {folder}: {', '.join(beir_splits(folder)) or 'none'})")
     return path
 
 
-def read_beir_qrels(folder: str | Path, split: str, query_ids: Iterable[str], corpus_ids: Iterable[str],
+def read_beir_qrels(folder: str | Path, split: str, query_ids: Iterable[str], corpus_ids: Container[str] | None,
                     anomalies: Counter | None = None) -> dict[str, dict[str, int]]:
-    """query id -> {corpus id: score} of ``qrels/<split>.tsv``; every id must exist in queries/corpus. A pair judged
-    twice with the same score is counted in ``anomalies``; with two scores it is an error naming both lines."""
-    path = _qrels_path(folder, split)
-    known_queries, known_docs = set(query_ids), set(corpus_ids)
+    """query id -> {corpus id: score} of ``qrels/<split>.tsv``; every id must exist in queries/corpus (``corpus_ids``
+    None: not checked here, the caller does). A pair judged twice with the same score is counted in ``anomalies``;
+    with two scores it is an error naming both lines."""
+    path = qrels_path(folder, split)
+    known_queries = set(query_ids)
+    known_docs = _EVERY_ID if corpus_ids is None else corpus_ids
     qrels: dict[str, dict[str, int]] = {}
     first_line: dict[tuple[str, str], int] = {}
     for where, line_no, (query_id, doc_id, score) in _qrels_rows(path):
@@ -183,23 +193,40 @@ def _usable_text(text: str, what: str, anomalies: Counter) -> str:
 
 def load_beir(folder: str | Path, split: str = "test", name: str | None = None) -> BeirSet:
     """One split of a BEIR folder: the queries with at least one relevant document, over the whole corpus."""
-    folder = _folder(folder)
-    _qrels_path(folder, split)  # a wrong split name fails before a large corpus is read
+    folder = beir_folder(folder)
+    qrels_path(folder, split)  # a wrong split name fails before a large corpus is read
     anomalies: Counter = Counter()
     corpus_ids, corpus_texts = read_beir_corpus(folder)
     queries = read_beir_queries(folder)
-    qrels = read_beir_qrels(folder, split, queries, corpus_ids, anomalies)
     index = {doc_id: j for j, doc_id in enumerate(corpus_ids)}
+    qrels = read_beir_qrels(folder, split, queries, index, anomalies)
+    corpus = [_usable_text(text, "document", anomalies) for text in corpus_texts]
+    return beir_set(folder, split, name, queries, qrels, index, corpus, anomalies, corpus_ids)
+
+
+def iter_beir_documents(corpus_file: Path, anomalies: Counter) -> Iterator[tuple[int, str, str]]:
+    """(line number, id, text) per document of ``corpus_file``, each text as evaluation sees it (``_usable_text``:
+    changes counted in ``anomalies``). Duplicate ids are the caller's to find (a store keeps hashes, not ids)."""
+    for line_no, record in iter_jsonl(corpus_file):
+        where = f"{corpus_file}, line {line_no}"
+        doc_id = _string_field(record, "_id", where)
+        yield line_no, doc_id, _usable_text(_document_text(record, where, doc_id), "document", anomalies)
+
+
+def beir_set(folder: Path, split: str, name: str | None, queries: Mapping[str, str],
+             qrels: Mapping[str, Mapping[str, int]], index: Mapping[str, int], corpus: Sequence[str],
+             anomalies: Counter, corpus_ids: list[str]) -> BeirSet:
+    """The set of the queries with a relevant document (score > 0), ``index`` mapping corpus ids to positions."""
     # queries.jsonl order, like the evaluator; a query whose judgements are all 0 has nothing to find
     query_ids = [qid for qid in queries if any(score > 0 for score in qrels.get(qid, {}).values())]
     if not query_ids:
         raise DataError(f"{folder / 'qrels' / f'{split}.tsv'}: no query has a relevant document (score > 0)")
     relevant = [{index[doc] for doc, score in qrels[qid].items() if score > 0} for qid in query_ids]
-    beir = BeirSet(queries=[_usable_text(queries[qid], "query", anomalies) for qid in query_ids],
-                   corpus=[_usable_text(text, "document", anomalies) for text in corpus_texts], relevant=relevant,
-                   name=name or folder.name, query_ids=query_ids, corpus_ids=corpus_ids, anomalies=anomalies)
+    beir = BeirSet(queries=[_usable_text(queries[qid], "query", anomalies) for qid in query_ids], corpus=corpus,
+                   relevant=relevant, name=name or folder.name, query_ids=query_ids, corpus_ids=corpus_ids,
+                   anomalies=anomalies)
     log.info("BEIR %s (%s, split %s): %d queries, %d documents", beir.name, folder, split, len(query_ids),
-             len(corpus_ids))
+             len(corpus))
     if anomalies:
         log.warning("BEIR %s: %s", beir.name, ", ".join(f"{what}: {n}" for what, n in anomalies.most_common()))
     return beir
@@ -236,7 +263,7 @@ class BeirDataModule(ContrastiveDataModule):
         self.max_distractors = max_distractors
 
     def source_signature(self) -> Any:
-        return file_signature(_folder(self.path))
+        return file_signature(beir_folder(self.path))
 
     def _rows(self, split: str, queries: dict[str, str], corpus: dict[str, str]) -> Iterator[Example]:
         """The cleaned rows of one split; the report also counts repeated qrels lines."""

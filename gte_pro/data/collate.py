@@ -8,6 +8,7 @@ signed ``ids`` and ``features``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -50,7 +51,7 @@ class TokenCollator:
         self.left = tokenizer.padding_side == "left"
         self.token_type_ids = "token_type_ids" in tokenizer.model_input_names
 
-    def pad(self, rows: list[list[int]]) -> dict[str, torch.Tensor]:
+    def pad(self, rows: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
         width = max(len(row) for row in rows)
         ids = np.full((len(rows), width), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(rows), width), dtype=np.int64)
@@ -71,7 +72,9 @@ class TokenCollator:
                 "rows": torch.tensor([r.row for r in rows], dtype=torch.long)}
 
 
-class EvalCollator(PairCollator):
-    def __call__(self, items: list[tuple[int, str]]) -> dict[str, Any]:  # type: ignore[override]
+class EvalCollator(TokenCollator):
+    """(signed id, token ids) items (``gte_pro.data.datasets.EvalTexts``) -> ids and padded features."""
+
+    def __call__(self, items: list[tuple[int, Sequence[int]]]) -> dict[str, Any]:  # type: ignore[override]
         return {"ids": torch.tensor([i for i, _ in items], dtype=torch.long),
-                "features": self._tokenize([text for _, text in items])}
+                "features": self.pad([tokens for _, tokens in items])}

@@ -7,6 +7,7 @@ import random
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
@@ -109,36 +110,85 @@ class ExampleView(Sequence[Example]):
         return (self.cache.example(i) for i in range(len(self)))
 
 
-def token_lengths(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_length: int | None,
-                  chunk: int = 8192) -> list[int]:
-    """Tokens per text after truncation: the length a batch is padded to. Chunked: only the counts are kept."""
-    lengths: list[int] = []
-    for start in range(0, len(texts), chunk):
-        ids = tokenizer(list(texts[start : start + chunk]), truncation=max_length is not None,
-                        max_length=max_length)["input_ids"]
-        lengths += [len(row) for row in ids]
-    return lengths
+class TokenizedTexts:
+    """Texts tokenized once (truncated at ``max_length``, special tokens added) and kept as one flat int32 array
+    with offsets: ~4 bytes a token instead of Python lists, and no text is tokenized again for its batch.
+    ``lengths``: tokens per text; ``chars``: characters per text (the tie-break of the longest-first order)."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_length: int | None,
+                 chunk: int = 8192) -> None:
+        parts, lengths = [], []
+        for start in range(0, len(texts), chunk):
+            ids = tokenizer(list(texts[start : start + chunk]), truncation=max_length is not None,
+                            max_length=max_length)["input_ids"]
+            lengths += [len(row) for row in ids]
+            parts += [np.asarray(row, dtype=np.int32) for row in ids]
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.chars = np.asarray([len(text) for text in texts], dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
+        self.tokens = np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        return self.tokens[self.offsets[index] : self.offsets[index + 1]]
+
+
+def longest_first(lengths: np.ndarray, chars: np.ndarray) -> np.ndarray:
+    """Indices by token count, then characters, longest first; equal keys keep their input order."""
+    return np.lexsort((np.arange(len(lengths)), -np.asarray(chars), -np.asarray(lengths)))
+
+
+def corpus_tokens(corpus: Sequence[str], tokenizer: PreTrainedTokenizerBase, max_length: int | None,
+                  doc_prefix: str) -> Any:
+    """The token ids of a retrieval set's documents: tokenized now, or a store's (``corpus.store``, see
+    ``gte_pro.data.corpus_store``), which must have been built with the same ``max_length`` and prefix."""
+    store = getattr(corpus, "store", None)
+    if store is None:
+        return TokenizedTexts(tokenizer, [doc_prefix + text for text in corpus], max_length)
+    if (store.meta["max_length"], store.meta["doc_prefix"]) != (max_length, doc_prefix):
+        raise ValueError(f"{store.folder}: tokenized with max_length={store.meta['max_length']}, doc prefix "
+                         f"{store.meta['doc_prefix']!r}; this evaluation uses {max_length}, {doc_prefix!r}")
+    return store
 
 
 class EvalTexts(Dataset):
-    """Queries and corpus of a RetrievalSet as one list, longest first (less padding per batch).
+    """Queries and corpus of a RetrievalSet, tokenized once and ordered longest first (less padding per batch: on
+    the demo corpus ~0.94 of the padded positions are real tokens, ~0.74 when sorting by characters).
 
-    With the tokenizer, length is the token count after truncation (what a batch is padded to: on the demo corpus
-    ~0.94 of the padded positions are real tokens, ~0.74 when sorting by characters); without, the characters.
-    Each item carries a signed id: query i -> i, corpus entry j -> -(j + 1).
+    Items are (signed id, token ids): query i -> i, corpus entry j -> -(j + 1). A data module builds one per set
+    and reuses it for every validation, so the texts are tokenized once per run, not once per validation. A stored
+    corpus (``load_beir_stored``) is read from disk a document at a time.
     """
 
-    def __init__(self, retrieval: RetrievalSet, query_prefix: str = "", doc_prefix: str = "",
-                 tokenizer: PreTrainedTokenizerBase | None = None, max_length: int | None = None) -> None:
-        items = [(i, query_prefix + q) for i, q in enumerate(retrieval.queries)]
-        items += [(-(j + 1), doc_prefix + d) for j, d in enumerate(retrieval.corpus)]
-        texts = [text for _, text in items]
-        lengths = token_lengths(tokenizer, texts, max_length) if tokenizer is not None else [0] * len(items)
-        order = sorted(range(len(items)), key=lambda i: (lengths[i], len(texts[i])), reverse=True)
-        self.items = [items[i] for i in order]
+    def __init__(self, retrieval: RetrievalSet, tokenizer: PreTrainedTokenizerBase, max_length: int | None,
+                 query_prefix: str = "", doc_prefix: str = "") -> None:
+        self.queries = TokenizedTexts(tokenizer, [query_prefix + q for q in retrieval.queries], max_length)
+        self.docs = corpus_tokens(retrieval.corpus, tokenizer, max_length, doc_prefix)
+        self.order = longest_first(np.concatenate([self.queries.lengths, self.docs.lengths]),
+                                   np.concatenate([self.queries.chars, self.docs.chars]))
 
     def __len__(self) -> int:
-        return len(self.items)
+        return len(self.order)
 
-    def __getitem__(self, index: int) -> tuple[int, str]:
-        return self.items[index]
+    def __getitem__(self, index: int) -> tuple[int, np.ndarray]:
+        row = int(self.order[index])
+        if row < len(self.queries):
+            return row, self.queries[row]
+        return -(row - len(self.queries) + 1), self.docs[row - len(self.queries)]
+
+
+class EvalTextsCache:
+    """One :class:`EvalTexts` per (set, max_length, prefixes), built on first use: a run validates before, during
+    and after training with the same texts."""
+
+    def __init__(self) -> None:
+        self._built: dict[tuple[int, int | None, str, str], tuple[RetrievalSet, EvalTexts]] = {}
+
+    def get(self, tokenizer: PreTrainedTokenizerBase, retrieval: RetrievalSet, max_length: int | None,
+            query_prefix: str = "", doc_prefix: str = "") -> EvalTexts:
+        key = (id(retrieval), max_length, query_prefix, doc_prefix)
+        if key not in self._built:  # the set is kept with it, so that its id cannot be reused by another object
+            self._built[key] = (retrieval, EvalTexts(retrieval, tokenizer, max_length, query_prefix, doc_prefix))
+        return self._built[key][1]

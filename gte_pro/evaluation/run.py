@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
 from lightning.pytorch import LightningDataModule
 from omegaconf import DictConfig, OmegaConf
 
@@ -23,13 +24,14 @@ from gte_pro.evaluation.report import HELD_OUT, merge_results, metrics_by_set, m
 from gte_pro.evaluation.sets import EvalDataModule, eval_set_specs, load_eval_sets
 from gte_pro.model import Encoder
 from gte_pro.utils.files import write_json_atomic, write_text_atomic
+from gte_pro.utils.timing import peak_rss_mb
 
 log = logging.getLogger(__name__)
 
 
 def eval_datamodule(cfg: DictConfig, encoder: Encoder) -> LightningDataModule:
     """The BEIR sets of ``eval.beir``, or (none named) the configured data module's held-out split."""
-    sets = load_eval_sets(cfg.get("eval"))
+    sets = load_eval_sets(cfg, encoder.tokenizer, encoder.doc_prefix, encoder.max_length)
     if sets:
         return EvalDataModule(sets, encoder.tokenizer, batch_size=cfg.eval.batch_size, max_length=cfg.eval.max_length,
                               query_prefix=encoder.query_prefix, doc_prefix=encoder.doc_prefix,
@@ -61,17 +63,28 @@ def evaluate(cfg: DictConfig) -> float | None:
     start = time.perf_counter()
     flat = merge_results(trainer.validate(module, datamodule=datamodule, verbose=False))
     seconds = time.perf_counter() - start
+    peaks = _peak_rss_per_rank()
     if trainer.is_global_zero:
         write_eval_report(output_dir, cfg, encoder, _set_details(cfg, datamodule), flat, seconds,
-                          trainer.world_size)
+                          trainer.world_size, peaks)
     metric = cfg.get("optimized_metric")
     if metric and metric.count("/") == 1 and HELD_OUT not in metrics_by_set(flat):
         return None  # only named sets (eval.beir) were evaluated: there is no held-out val/<metric> to return
     return optimized_value(flat, metric)
 
 
+def _peak_rss_per_rank() -> list[float]:
+    """Each rank's peak resident memory in MB (collective under DDP): what a corpus costs a process."""
+    peak = peak_rss_mb()
+    if not (dist.is_available() and dist.is_initialized()):
+        return [peak]
+    peaks: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(peaks, peak)
+    return peaks
+
+
 def write_eval_report(output_dir: Path, cfg: DictConfig, encoder: Encoder, details: dict[str, dict[str, Any]],
-                      flat: dict[str, float], seconds: float, world_size: int) -> None:
+                      flat: dict[str, float], seconds: float, world_size: int, peaks: list[float]) -> None:
     by_set = metrics_by_set(flat)
     table = metrics_table(flat, sizes={name: (d["queries"], d["docs"]) for name, d in details.items()})
     texts = sum(d["queries"] + d["docs"] for d in details.values())
@@ -87,6 +100,7 @@ def write_eval_report(output_dir: Path, cfg: DictConfig, encoder: Encoder, detai
         "world_size": world_size,
         "seconds": round(seconds, 3),
         "texts_per_s": round(texts / max(seconds, 1e-9), 1),
+        "peak_rss_mb_per_rank": [round(mb, 1) for mb in peaks],
         "sets": {name: {**details.get(name, {}), "metrics": values} for name, values in by_set.items()},
         "val": flat,
         "config": OmegaConf.to_container(cfg, resolve=True),
@@ -94,6 +108,6 @@ def write_eval_report(output_dir: Path, cfg: DictConfig, encoder: Encoder, detai
     write_json_atomic(output_dir / "metrics.json", summary)
     header = (f"# Retrieval evaluation\n\nmodel: `{encoder.name_or_path}` (pooling {encoder.pooling}, "
               f"normalize {encoder.normalize}), precision {cfg.trainer.precision}, {world_size} process(es), "
-              f"{seconds:.1f} s\n\n")
+              f"{seconds:.1f} s, peak RSS per process {', '.join(f'{mb / 1024:.2f}' for mb in peaks)} GiB\n\n")
     write_text_atomic(output_dir / "metrics.md", header + table)
     print(f"{table}\nmetrics: {output_dir / 'metrics.json'}\ntable:   {output_dir / 'metrics.md'}")

@@ -13,9 +13,10 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
-from gte_pro.data.beir import BeirSet, load_beir
+from gte_pro.data.beir import BeirSet
 from gte_pro.data.collate import EvalCollator
-from gte_pro.data.datasets import EvalTexts
+from gte_pro.data.corpus_store import load_beir_stored
+from gte_pro.data.datasets import EvalTextsCache
 from gte_pro.evaluation.metrics import RetrievalSet
 
 
@@ -60,17 +61,23 @@ def eval_set_specs(entries: Sequence[Any] | str, default_split: str) -> list[tup
     return specs
 
 
-def load_eval_sets(eval_cfg: Any) -> list[tuple[str, BeirSet]]:
-    """The BEIR sets that ``eval.beir`` names, loaded (each rank reads the files itself)."""
+def load_eval_sets(cfg: Any, tokenizer: PreTrainedTokenizerBase, doc_prefix: str = "",
+                   max_length: int | None = None) -> list[tuple[str, BeirSet]]:
+    """The BEIR sets that ``cfg.eval.beir`` names. Each corpus is tokenized once (``eval.max_length``, else
+    ``max_length``) into a store under ``paths.cache_dir`` that later runs reuse; a rank reads the documents it
+    embeds from there, so no process holds a corpus in memory."""
+    eval_cfg = cfg.get("eval")
     if not eval_cfg or not eval_cfg.get("beir"):
         return []
-    return [(name, load_beir(path, split, name)) for path, split, name in
-            eval_set_specs(eval_cfg.beir, eval_cfg.get("split", "test"))]
+    length = int(eval_cfg.get("max_length") or max_length or tokenizer.model_max_length)
+    cache_dir = OmegaConf.select(cfg, "paths.cache_dir", default=None) or "~/.cache/gte_pro"
+    return [(name, load_beir_stored(path, split, name, tokenizer, length, doc_prefix, cache_dir))
+            for path, split, name in eval_set_specs(eval_cfg.beir, eval_cfg.get("split", "test"))]
 
 
 def attach_eval_sets(datamodule: Any, cfg: Any) -> None:
     """Add ``cfg.eval.beir`` to the training data module's validation (logged as ``val/<name>/<metric>``)."""
-    sets = load_eval_sets(cfg.get("eval"))
+    sets = load_eval_sets(cfg, datamodule.tokenizer, datamodule.doc_prefix, datamodule.max_length)
     if sets:
         datamodule.add_eval_sets(sets, batch_size=cfg.eval.get("batch_size"), max_length=cfg.eval.get("max_length"))
 
@@ -87,7 +94,8 @@ class EvalDataModule(LightningDataModule):
         self.sets = list(sets)
         self.tokenizer = tokenizer
         self.max_length = max_length
-        self.collate = EvalCollator(tokenizer, max_length)
+        self.collate = EvalCollator(tokenizer)
+        self._eval_texts = EvalTextsCache()
         self.batch_size = batch_size
         self.query_prefix = query_prefix
         self.doc_prefix = doc_prefix
@@ -97,6 +105,7 @@ class EvalDataModule(LightningDataModule):
         return list(self.sets)
 
     def val_dataloader(self) -> list[DataLoader]:
-        return [DataLoader(EvalTexts(rs, self.query_prefix, self.doc_prefix, self.tokenizer, self.max_length),
-                           batch_size=self.batch_size, shuffle=False, collate_fn=self.collate,
-                           num_workers=self.num_workers) for _, rs in self.sets]
+        texts = [self._eval_texts.get(self.tokenizer, rs, self.max_length, self.query_prefix, self.doc_prefix)
+                 for _, rs in self.sets]
+        return [DataLoader(t, batch_size=self.batch_size, shuffle=False, collate_fn=self.collate,
+                           num_workers=self.num_workers) for t in texts]

@@ -17,10 +17,11 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 
+import numpy as np
 import torch
 
 from gte_pro.data.collate import EvalCollator
-from gte_pro.data.datasets import token_lengths
+from gte_pro.data.datasets import TokenizedTexts, longest_first
 from gte_pro.evaluation.metrics import all_gather_rows
 from gte_pro.mining.core import MinedNegatives, MiningOptions, mine_negatives
 from gte_pro.model import Encoder
@@ -28,10 +29,11 @@ from gte_pro.utils.progress import Progress
 
 log = logging.getLogger(__name__)
 
-def shard_batches(lengths: Sequence[int], texts: Sequence[str], batch_size: int, rank: int,
+def shard_batches(lengths: np.ndarray, chars: np.ndarray, batch_size: int, rank: int,
                   world_size: int) -> list[list[int]]:
-    """This rank's batches (text indices): all texts longest first, cut into batches, dealt round-robin."""
-    order = sorted(range(len(texts)), key=lambda i: (lengths[i], len(texts[i])), reverse=True)  # stable
+    """This rank's batches (text indices): all texts longest first (tokens, then characters), cut into batches,
+    dealt round-robin."""
+    order = longest_first(lengths, chars).tolist()
     batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
     return batches[rank::world_size]
 
@@ -45,8 +47,9 @@ def embed_texts(encoder: Encoder, texts: Sequence[str], batch_size: int, max_len
     ``autocast()``, truncation at ``max_length``."""
     if batch_size < 1:
         raise ValueError(f"embed_texts: batch_size={batch_size} must be at least 1")
-    collate = EvalCollator(encoder.tokenizer, max_length)
-    batches = shard_batches(token_lengths(encoder.tokenizer, texts, max_length), texts, batch_size, rank, world_size)
+    collate = EvalCollator(encoder.tokenizer)
+    tokenized = TokenizedTexts(encoder.tokenizer, texts, max_length)
+    batches = shard_batches(tokenized.lengths, tokenized.chars, batch_size, rank, world_size)
     device = next(encoder.parameters()).device
     share = f" (rank 0's share of {world_size} ranks)" if world_size > 1 else ""
     progress = Progress(f"embedding {what}", sum(map(len, batches)), quiet=rank != 0, note=share)
@@ -55,7 +58,7 @@ def embed_texts(encoder: Encoder, texts: Sequence[str], batch_size: int, max_len
     try:
         with torch.inference_mode():
             for batch in batches:
-                features = collate([(i, texts[i]) for i in batch])["features"]
+                features = collate([(i, tokenized[i]) for i in batch])["features"]
                 with autocast():
                     embeddings = encoder(**{k: v.to(device) for k, v in features.items()})
                 parts.append(embeddings.float())

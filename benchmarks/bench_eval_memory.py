@@ -1,0 +1,150 @@
+"""Memory of ``mode=eval`` against the corpus size: synthetic BEIR corpora of 100k and 1M documents, 1 and 2 ranks.
+
+For each size it writes a BEIR folder (20-60 word documents, 200 queries with one relevant document each), builds
+the corpus store (``gte_pro.data.corpus_store``: the corpus tokenized once onto disk) in a fresh process, then runs
+``python train.py mode=eval model=tiny eval.beir=[folder]`` with 1 process and with 2 (``strategy=ddp devices=2``).
+Reported per run: wall time, each rank's peak RSS (from the run's metrics.json) and the largest process's peak RSS
+seen from outside (``wait4``). ``--baseline DIR`` runs the same commands in another checkout (e.g. a ``git
+worktree`` of an older commit, which read the corpus into every rank's memory) for a before/after table. Usage::
+
+    python benchmarks/bench_eval_memory.py [--docs 100000,1000000] [--ranks 1,2] [--baseline /tmp/old_tree]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import harness
+from bench_scale import TRAIN_ENV, _words
+from harness import Column, Result
+
+REPO = Path(__file__).resolve().parents[1]
+QUERIES = 200
+
+
+def write_beir(folder: Path, docs: int, seed: int) -> None:
+    """``docs`` documents of 20-60 words; query i shares 3 words with document i * (docs // QUERIES)."""
+    if (folder / "qrels" / "test.tsv").is_file():
+        return
+    rng = random.Random(seed)
+    vocabulary = _words(rng, 20_000)
+    (folder / "qrels").mkdir(parents=True, exist_ok=True)
+    step = docs // QUERIES
+    with (folder / "corpus.jsonl").open("w") as corpus, (folder / "queries.jsonl").open("w") as queries:
+        for j in range(docs):
+            words = rng.choices(vocabulary, k=rng.randint(20, 60))
+            corpus.write(json.dumps({"_id": f"d{j}", "title": "", "text": " ".join(words)}) + "\n")
+            if j % step == 0 and j // step < QUERIES:
+                query = rng.sample(words, 3) + rng.choices(vocabulary, k=3)
+                queries.write(json.dumps({"_id": f"q{j // step}", "text": " ".join(query)}) + "\n")
+    rows = [f"q{i}\td{i * step}\t1" for i in range(QUERIES)]
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(rows) + "\n")
+
+
+def build_child(payload: dict[str, Any]) -> Result:
+    """Build the corpus store as ``mode=eval model=tiny`` would find it, in a fresh process."""
+    from transformers import AutoTokenizer
+
+    from gte_pro import packaged_minilm_path
+    from gte_pro.data.beir import iter_beir_documents
+    from gte_pro.data.corpus_store import open_corpus_store
+
+    tokenizer = AutoTokenizer.from_pretrained(packaged_minilm_path())
+    corpus = Path(payload["folder"]) / "corpus.jsonl"
+    start = time.perf_counter()
+    store = open_corpus_store(corpus, partial(iter_beir_documents, corpus), tokenizer, payload["max_length"], "",
+                              payload["cache"])
+    return {"build_s": time.perf_counter() - start, "documents": len(store),
+            "store_mb": sum(f.stat().st_size for f in store.folder.iterdir()) / 2**20}
+
+
+def eval_run(repo: Path, code: str, docs: int, ranks: int, folder: Path, cache: Path,
+             args: argparse.Namespace) -> Result:
+    work = Path(args.workdir)
+    run_dir = work / f"run_{code}_{docs}_{ranks}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = [sys.executable, "train.py", "mode=eval", "model=tiny", f"eval.beir=[{folder}]",
+           f"eval.max_length={args.max_length}", f"eval.batch_size={args.batch_size}", f"devices={ranks}",
+           f"strategy={'ddp' if ranks > 1 else 'auto'}", f"paths.cache_dir={cache}", f"hydra.run.dir={run_dir}",
+           "logger=none"]
+    result = harness.run_command(cmd, work / f"log_{code}_{docs}_{ranks}.txt", args.timeout, cwd=repo,
+                                 env=TRAIN_ENV)
+    row = {"code": code, "docs": docs, "ranks": ranks, **result}
+    if "error" not in result:
+        report = json.loads((run_dir / "metrics.json").read_text())
+        row["ranks_peak_mb"] = report.get("peak_rss_mb_per_rank")
+        row["eval_s"] = report["seconds"]
+        row["ndcg"] = report["sets"][folder.name]["metrics"]["ndcg@10"]
+    line = (f"FAILED: {result['error']}" if "error" in result else
+            f"{result['wall_s']:.0f} s, largest process {result['peak_rss_mb']:.0f} MB, ranks "
+            f"{row['ranks_peak_mb']}")
+    print(f"{code}, {docs:,} docs, {ranks} rank(s): {line}", file=sys.stderr, flush=True)
+    return row
+
+
+def measure(docs: int, args: argparse.Namespace) -> list[Result]:
+    work = Path(args.workdir)
+    folder = work / f"beir_{docs}"
+    write_beir(folder, docs, seed=docs)
+    cache = work / f"cache_{docs}"
+    shutil.rmtree(cache, ignore_errors=True)
+    build = harness.run_child(build_child, {"folder": str(folder), "cache": str(cache),
+                                            "max_length": args.max_length}, work, args.timeout)
+    print(f"store of {docs:,} docs: {build}", file=sys.stderr, flush=True)
+    rows = [{"code": "store build", "docs": docs, "ranks": 1, **build}]
+    codes = [("stored", REPO)] + ([("in memory (baseline)", Path(args.baseline))] if args.baseline else [])
+    for ranks in map(int, args.ranks.split(",")):
+        rows += [eval_run(repo, code, docs, ranks, folder, cache, args) for code, repo in codes]
+    return rows
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--docs", default="100000,1000000")
+    parser.add_argument("--ranks", default="1,2")
+    parser.add_argument("--max-length", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--baseline", help="another checkout to run the same evaluations in (before/after)")
+    parser.add_argument("--workdir", default="/tmp/gte_pro_bench_eval_memory")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds per process before it is killed")
+    parser.add_argument("--json", help="write every run's raw result to this file")
+    return parser.parse_args()
+
+
+def report(rows: list[Result], args: argparse.Namespace) -> None:
+    print(f"\ntrain.py mode=eval model=tiny (2-layer BERT, random weights), {QUERIES} queries, eval.max_length "
+          f"{args.max_length}, eval.batch_size {args.batch_size}\n{harness.machine()}\n")
+    evals = [r for r in rows if r["code"] != "store build"]
+    print(harness.table([
+        Column("documents", lambda r: f"{r['docs']:,}", key=True), Column("ranks", "ranks", key=True),
+        Column("corpus", "code", numeric=False, key=True), Column("wall s", "wall_s", ".0f"),
+        Column("eval s", "eval_s", ".0f"),
+        Column("peak RSS per rank MB", lambda r: " / ".join(f"{mb:.0f}" for mb in r["ranks_peak_mb"])
+               if r.get("ranks_peak_mb") else None, numeric=False),
+        Column("largest process MB", "peak_rss_mb", ".0f"), Column("NDCG@10", "ndcg", ".4f")], evals))
+    builds = [r for r in rows if r["code"] == "store build"]
+    print(harness.table([
+        Column("documents", lambda r: f"{r['docs']:,}", key=True), Column("store build s", "build_s", ".0f"),
+        Column("build peak RSS MB", "peak_rss_mb", ".0f"), Column("store on disk MB", "store_mb", ".0f")], builds),
+        end="")
+
+
+def main() -> None:
+    args = parse_args()
+    print("command: " + " ".join([Path(sys.executable).name, *sys.argv]))
+    Path(args.workdir).mkdir(parents=True, exist_ok=True)
+    rows = [row for docs in map(int, args.docs.split(",")) for row in measure(docs, args)]
+    report(rows, args)
+    harness.write_json(args.json, {"settings": vars(args), "results": rows})
+
+
+if __name__ == "__main__":
+    main()

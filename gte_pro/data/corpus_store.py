@@ -1,0 +1,217 @@
+"""BEIR corpora for evaluation without holding them in memory: ``corpus.jsonl`` -> token ids on disk, read per rank.
+
+``build_corpus_store`` streams ``corpus.jsonl`` once (one chunk of documents in memory at a time), tokenizes each
+document as evaluation does (doc prefix, truncation at ``max_length``) and writes ``<cache_dir>/corpora/<key>/``:
+
+- ``tokens.bin``: the int32 token ids of all documents, back to back;
+- ``index.npy``: (n, 3) int64, per document its offset in tokens, its token count and its character count (what the
+  longest-first batching sorts by);
+- ``ids.txt``: the documents' ``_id``, one JSON string a line (scanned once per load to map the qrels' ids;
+  never held whole);
+- ``meta.json``: the document count and what reading noticed (cut or empty texts).
+
+The key hashes everything the token ids depend on (the file's path, size and time, the tokenizer, ``max_length``,
+the prefix), so a changed corpus or model builds a new store. It is built in a temporary folder and renamed into
+place. A rank reads the token ids of the documents it embeds with positioned reads (``os.pread``), not a memory
+map, so its resident memory holds the index (24 bytes a document) and its share of the embeddings, not the corpus.
+"""
+
+from __future__ import annotations
+
+import array
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+from gte_pro.data.beir import (
+    BeirSet,
+    beir_folder,
+    beir_set,
+    iter_beir_documents,
+    qrels_path,
+    read_beir_qrels,
+    read_beir_queries,
+)
+from gte_pro.data.cache import cache_key, file_signature, publish, temporary_folder, tokenizer_fingerprint
+from gte_pro.data.records import DataError
+from gte_pro.utils.progress import Progress
+
+log = logging.getLogger(__name__)
+
+CHUNK = 4096  # documents tokenized (and held in memory) at a time while building
+
+
+class CorpusStore:
+    """An opened store: document count, per-document token and character counts, and the token ids on demand."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.meta: dict[str, Any] = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+        index = np.load(folder / "index.npy")
+        self.offsets, self.lengths, self.chars = index[:, 0], index[:, 1], index[:, 2]
+        self._fd: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, j: int) -> np.ndarray:
+        """The token ids of document ``j``: one positioned read, nothing kept."""
+        if self._fd is None:  # opened lazily: a DataLoader worker opens its own
+            self._fd = os.open(self.folder / "tokens.bin", os.O_RDONLY)
+        count = int(self.lengths[j])
+        return np.frombuffer(os.pread(self._fd, 4 * count, 4 * int(self.offsets[j])), dtype=np.int32)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_fd": None}  # a file descriptor does not travel to another process
+
+    def __del__(self) -> None:
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+
+    def positions_of(self, wanted: set[str]) -> dict[str, int]:
+        """Document index of each of ``wanted`` that the corpus holds (one scan of ``ids.txt``)."""
+        found: dict[str, int] = {}
+        with open(self.folder / "ids.txt", encoding="utf-8") as ids:
+            for j, line in enumerate(ids):
+                doc_id = json.loads(line)
+                if doc_id in wanted:
+                    found[doc_id] = j
+        return found
+
+
+class StoredCorpus(Sequence):
+    """``RetrievalSet.corpus`` of a stored corpus: its length, and the token ids of each document (no text)."""
+
+    def __init__(self, store: CorpusStore) -> None:
+        self.store = store
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def __getitem__(self, j: Any) -> Any:
+        raise TypeError(f"the corpus of {self.store.folder} is kept as token ids on disk: no text to return")
+
+
+def store_folder(corpus_file: Path, tokenizer: PreTrainedTokenizerBase, max_length: int, doc_prefix: str,
+                 cache_dir: str | Path) -> Path:
+    key = cache_key({"corpus": file_signature(corpus_file), "tokenizer": tokenizer_fingerprint(tokenizer),
+                     "max_length": max_length, "doc_prefix": doc_prefix, "store": 1})
+    return Path(cache_dir).expanduser() / "corpora" / key
+
+
+# (line number, id, text) per document of a corpus file, counting what reading changed in the Counter
+Documents = Callable[[Counter], Iterator[tuple[int, str, str]]]
+
+
+def open_corpus_store(corpus_file: Path, documents: Documents, tokenizer: PreTrainedTokenizerBase, max_length: int,
+                      doc_prefix: str, cache_dir: str | Path) -> CorpusStore:
+    """The store of ``corpus_file`` (read by ``documents``) for this tokenizer and settings, built if there is
+    none."""
+    folder = store_folder(corpus_file, tokenizer, max_length, doc_prefix, cache_dir)
+    if not (folder / "meta.json").is_file():
+        build_corpus_store(corpus_file, documents, folder, tokenizer, max_length, doc_prefix)
+    return CorpusStore(folder)
+
+
+def _id_hash(doc_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(doc_id.encode(), digest_size=8).digest(), "little", signed=True)
+
+
+def _check_unique(corpus_file: Path, documents: Documents, hashes: np.ndarray) -> None:
+    """Duplicate ids, found among 8-byte hashes (not a set of all ids); a repeated hash is confirmed by a second
+    scan that names both lines."""
+    ordered = np.sort(hashes)
+    repeated = set(ordered[1:][ordered[1:] == ordered[:-1]].tolist())
+    if not repeated:
+        return
+    first_line: dict[str, int] = {}
+    for line_no, doc_id, _ in documents(Counter()):
+        if _id_hash(doc_id) in repeated:
+            if doc_id in first_line:
+                raise DataError(f"{corpus_file}, line {line_no}: duplicate _id '{doc_id}' "
+                                f"(first on line {first_line[doc_id]})")
+            first_line[doc_id] = line_no
+
+
+def build_corpus_store(corpus_file: Path, documents: Documents, folder: Path, tokenizer: PreTrainedTokenizerBase,
+                       max_length: int, doc_prefix: str = "") -> None:
+    """Stream ``corpus_file`` into a store at ``folder`` (see the module's docstring)."""
+    log.info("corpus: tokenizing %s into %s", corpus_file, folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_folder(folder)
+    try:
+        count, anomalies = _write_store(corpus_file, documents, tmp, tokenizer, max_length, doc_prefix)
+        if not count:
+            raise DataError(f"{corpus_file}: no documents")
+        meta = {"documents": count, "anomalies": dict(anomalies), "corpus": str(corpus_file),
+                "max_length": max_length, "doc_prefix": doc_prefix}
+        (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+        publish(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_store(corpus_file: Path, documents: Documents, tmp: Path, tokenizer: PreTrainedTokenizerBase,
+                 max_length: int, doc_prefix: str) -> tuple[int, Counter]:
+    anomalies: Counter = Counter()
+    index: list[np.ndarray] = []
+    hashes = array.array("q")  # 8 bytes a document, not a Python int each
+    progress = Progress("tokenizing documents", None, unit="documents")
+    offset = 0
+    with open(tmp / "tokens.bin", "wb") as tokens, open(tmp / "ids.txt", "w", encoding="utf-8") as ids:
+        chunk: list[tuple[str, str]] = []
+
+        def flush() -> None:
+            nonlocal offset
+            rows = tokenizer([doc_prefix + text for _, text in chunk], truncation=True,
+                             max_length=max_length)["input_ids"]
+            counts = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+            tokens.write(np.concatenate([np.asarray(r, dtype=np.int32) for r in rows]).tobytes())
+            chars = np.fromiter((len(doc_prefix) + len(text) for _, text in chunk), dtype=np.int64, count=len(rows))
+            index.append(np.stack([offset + np.cumsum(counts) - counts, counts, chars], axis=1))
+            offset += int(counts.sum())
+            ids.write("".join(json.dumps(doc_id) + "\n" for doc_id, _ in chunk))  # any id, line breaks too
+            chunk.clear()
+            progress.update(sum(len(part) for part in index))
+
+        for _, doc_id, text in documents(anomalies):
+            chunk.append((doc_id, text))
+            hashes.append(_id_hash(doc_id))
+            if len(chunk) == CHUNK:
+                flush()
+        if chunk:
+            flush()
+    progress.finish(len(hashes))
+    _check_unique(corpus_file, documents, np.frombuffer(hashes, dtype=np.int64))
+    np.save(tmp / "index.npy", np.concatenate(index) if index else np.empty((0, 3), dtype=np.int64))
+    return len(hashes), anomalies
+
+
+def load_beir_stored(folder: str | Path, split: str, name: str | None, tokenizer: PreTrainedTokenizerBase,
+                     max_length: int, doc_prefix: str, cache_dir: str | Path) -> BeirSet:
+    """``load_beir`` for corpora of any size: the corpus is tokenized once into a store on disk
+    (``gte_pro.data.corpus_store``) and the set's ``corpus`` gives its length and token ids, no texts; only the
+    queries and the qrels are held in memory. The same checks and errors as ``load_beir``."""
+    folder = beir_folder(folder)
+    qrels_path(folder, split)
+    if not (folder / "corpus.jsonl").is_file():
+        raise DataError(f"{folder / 'corpus.jsonl'}: file not found")
+    corpus_file = folder / "corpus.jsonl"
+    store = open_corpus_store(corpus_file, partial(iter_beir_documents, corpus_file), tokenizer, max_length,
+                              doc_prefix, cache_dir)
+    anomalies: Counter = Counter(store.meta["anomalies"])
+    queries = read_beir_queries(folder)
+    qrels = read_beir_qrels(folder, split, queries, None, anomalies)
+    index = store.positions_of({doc for judged in qrels.values() for doc in judged})
+    read_beir_qrels(folder, split, queries, index)  # raises on the first line whose corpus-id the corpus lacks
+    return beir_set(folder, split, name, queries, qrels, index, StoredCorpus(store), anomalies, [])
