@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install train test test-slow test-all lint clean bench bench-eval bench-gradcache bench-mine bench-scale bench-negatives bench-options bench-gpu reliability
+.PHONY: install train test test-slow test-all lint clean bench bench-eval bench-gradcache bench-mine bench-scale bench-negatives bench-options bench-gpu bench-eval-memory reliability
 
 # torch first and alone: the pinned CPU wheel; an open range would pull a multi-GB CUDA build
 $(VENV)/.installed: pyproject.toml
@@ -75,6 +75,11 @@ bench-negatives: install
 # trainable parameters, samples/s, peak RSS (~35 min on 2 CPU cores with the settings in the README)
 bench-options: install
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_options.py $(ARGS)
+
+# peak RSS of mode=eval on synthetic 100k / 1M-document BEIR corpora, 1 and 2 ranks (corpus store on disk)
+# make bench-eval-memory ARGS="--docs 100000,1000000 --ranks 1,2 --baseline /tmp/old_tree"
+bench-eval-memory: install
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_eval_memory.py $(ARGS)
 
 # kill -9 a tiny 2-epoch run at random moments (and inside checkpoint writes and exports), restart it with the same
 # command, compare with an uninterrupted run bit for bit (README, Reliability; ~45 min on 2 CPU cores)
