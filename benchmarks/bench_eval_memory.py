@@ -28,6 +28,7 @@ from harness import Column, Result
 
 REPO = Path(__file__).resolve().parents[1]
 QUERIES = 200
+CODES = {"stored": "store on disk", "baseline": "baseline checkout"}
 
 
 def write_beir(folder: Path, docs: int, seed: int) -> None:
@@ -63,6 +64,7 @@ def build_child(payload: dict[str, Any]) -> Result:
     store = open_corpus_store(corpus, partial(iter_beir_documents, corpus), tokenizer, payload["max_length"], "",
                               payload["cache"])
     return {"build_s": time.perf_counter() - start, "documents": len(store),
+            "peak_rss_mb": harness.proc_kb("VmHWM") / 1024,
             "store_mb": sum(f.stat().st_size for f in store.folder.iterdir()) / 2**20}
 
 
@@ -100,7 +102,7 @@ def measure(docs: int, args: argparse.Namespace) -> list[Result]:
                                             "max_length": args.max_length}, work, args.timeout)
     print(f"store of {docs:,} docs: {build}", file=sys.stderr, flush=True)
     rows = [{"code": "store build", "docs": docs, "ranks": 1, **build}]
-    codes = [("stored", REPO)] + ([("in memory (baseline)", Path(args.baseline))] if args.baseline else [])
+    codes = [("stored", REPO)] + ([("baseline", Path(args.baseline))] if args.baseline else [])
     for ranks in map(int, args.ranks.split(",")):
         rows += [eval_run(repo, code, docs, ranks, folder, cache, args) for code, repo in codes]
     return rows
@@ -125,8 +127,8 @@ def report(rows: list[Result], args: argparse.Namespace) -> None:
     evals = [r for r in rows if r["code"] != "store build"]
     print(harness.table([
         Column("documents", lambda r: f"{r['docs']:,}", key=True), Column("ranks", "ranks", key=True),
-        Column("corpus", "code", numeric=False, key=True), Column("wall s", "wall_s", ".0f"),
-        Column("eval s", "eval_s", ".0f"),
+        Column("corpus", lambda r: CODES.get(r["code"], r["code"]), numeric=False, key=True),
+        Column("wall s", "wall_s", ".0f"), Column("eval s", "eval_s", ".0f"),
         Column("peak RSS per rank MB", lambda r: " / ".join(f"{mb:.0f}" for mb in r["ranks_peak_mb"])
                if r.get("ranks_peak_mb") else None, numeric=False),
         Column("largest process MB", "peak_rss_mb", ".0f"), Column("NDCG@10", "ndcg", ".4f")], evals))

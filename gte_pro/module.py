@@ -16,6 +16,7 @@ from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 
 from gte_pro.evaluation.metrics import evaluate_distributed
+from gte_pro.evaluation.rows import ValidationRows
 from gte_pro.gradcache import cached_loss
 from gte_pro.guard import NonFiniteGuard
 from gte_pro.losses import ContrastiveLoss, LossOutput, split_documents
@@ -76,8 +77,7 @@ class ContrastiveModule(LightningModule):
         self.eval_dims = tuple(eval_dims)  # ... and the first d dimensions of the embeddings, for each d
         self.lr = lr  # a plain attribute, so that Lightning's learning-rate finder can set it
         # per validation dataloader: the signed ids and embeddings this rank computed
-        self._val_ids: dict[int, list[torch.Tensor]] = {}
-        self._val_embeddings: dict[int, list[torch.Tensor]] = {}
+        self._val_rows: dict[int, ValidationRows] = {}  # per validation loader: this rank's ids and embeddings
         # the config parts it was built from (gte_pro.builders.build_module), saved with every checkpoint
         self.module_config: dict[str, Any] = {}
 
@@ -220,20 +220,27 @@ class ContrastiveModule(LightningModule):
 
     # --- validation: retrieval over the held-out corpus and any named sets (BEIR folders) ------------------------
     def on_validation_epoch_start(self) -> None:
-        self._val_ids, self._val_embeddings = {}, {}
+        self._val_rows = {}
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._val_ids.setdefault(dataloader_idx, []).append(batch["ids"])
-        self._val_embeddings.setdefault(dataloader_idx, []).append(self.encoder(**batch["features"]).float())
+        embeddings = self.encoder(**batch["features"]).float()
+        if dataloader_idx not in self._val_rows:
+            self._val_rows[dataloader_idx] = ValidationRows(self._rows_expected(dataloader_idx),
+                                                            embeddings.shape[-1], embeddings.device)
+        self._val_rows[dataloader_idx].append(batch["ids"].to(embeddings.device), embeddings)
+
+    def _rows_expected(self, dataloader_idx: int) -> int:
+        """This rank's texts in that validation loader (its sampler's length: the distributed sampler's share)."""
+        loaders = self.trainer.val_dataloaders
+        loader = loaders[dataloader_idx] if isinstance(loaders, list | tuple) else loaders
+        return len(loader.sampler) if hasattr(loader.sampler, "__len__") else 1
 
     def on_validation_epoch_end(self) -> None:
-        ids_by_loader, embeddings_by_loader = self._val_ids, self._val_embeddings
-        self._val_ids, self._val_embeddings = {}, {}
+        rows_by_loader, self._val_rows = self._val_rows, {}
         by_set: dict[str, dict[str, float]] = {}
+        empty = ValidationRows(0, self.encoder.dim, self.device)
         for index, (name, retrieval) in enumerate(self.trainer.datamodule.validation_sets()):
-            ids = torch.cat(ids_by_loader.get(index) or [torch.empty(0, dtype=torch.long, device=self.device)])
-            embeddings = torch.cat(embeddings_by_loader.get(index)
-                                   or [torch.empty(0, self.encoder.dim, device=self.device)])
+            ids, embeddings = rows_by_loader.get(index, empty).filled()
             # each rank holds the distributed sampler's share: the corpus stays sharded, only top-k lists travel
             metrics = evaluate_distributed(ids, embeddings, retrieval.relevant, len(retrieval.corpus),
                                            self.eval_quantization)

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import shutil
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
@@ -68,15 +69,12 @@ class CorpusStore:
         """The token ids of document ``j``: one positioned read, nothing kept."""
         if self._fd is None:  # opened lazily: a DataLoader worker opens its own
             self._fd = os.open(self.folder / "tokens.bin", os.O_RDONLY)
+            weakref.finalize(self, os.close, self._fd)
         count = int(self.lengths[j])
         return np.frombuffer(os.pread(self._fd, 4 * count, 4 * int(self.offsets[j])), dtype=np.int32)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_fd": None}  # a file descriptor does not travel to another process
-
-    def __del__(self) -> None:
-        if getattr(self, "_fd", None) is not None:
-            os.close(self._fd)
 
     def positions_of(self, wanted: set[str]) -> dict[str, int]:
         """Document index of each of ``wanted`` that the corpus holds (one scan of ``ids.txt``)."""
