@@ -165,9 +165,14 @@ class StepClock:
         }
 
 
-def token_counts(*features: dict[str, Any]) -> tuple[int, int]:
-    """(real, padded) tokens of tokenized batches."""
-    return (sum(int(f["attention_mask"].sum()) for f in features), sum(f["input_ids"].numel() for f in features))
+def token_counts(*features: dict[str, Any], chunks: int = 1) -> tuple[int, int]:
+    """(real, computed) tokens of tokenized batches: a pass in length chunks computes each chunk at its own width
+    (``model.length_chunks``), one pass the whole padded tensor."""
+    from gte_pro.length_chunks import padded_positions
+
+    lengths = [f["attention_mask"].sum(dim=1).cpu().numpy() for f in features]
+    return (sum(int(n.sum()) for n in lengths),
+            sum(padded_positions(n, chunks, f["input_ids"].shape[1]) for n, f in zip(lengths, features, strict=True)))
 
 
 def fingerprint(*features: dict[str, Any]) -> str:
@@ -210,7 +215,8 @@ def run_ours(opts: argparse.Namespace, variant: Variant) -> Result:
         def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             if "batch" not in first:
                 first["batch"] = fingerprint(batch["query"], batch["doc"])
-            clock.tick(*token_counts(batch["query"], batch["doc"]), outputs["loss"])
+            clock.tick(*token_counts(batch["query"], batch["doc"], chunks=module.encoder.length_chunks),
+                       outputs["loss"])
 
     seed_and_precision(cfg)
     encoder = build_encoder(cfg)
@@ -278,6 +284,8 @@ def run_plain(opts: argparse.Namespace, variant: Variant, seed_recipe: bool = Fa
     device = device_of()
     seed_and_precision(cfg)
     encoder = build_encoder(cfg).to(device)
+    if seed_recipe:
+        encoder.length_chunks = 1  # the recipe computes all 512 positions
     datamodule = build_datamodule(cfg, encoder.tokenizer, encoder.query_prefix, encoder.doc_prefix)
     datamodule.prepare_data()
     datamodule.setup("fit")
@@ -307,7 +315,7 @@ def run_plain(opts: argparse.Namespace, variant: Variant, seed_recipe: bool = Fa
         if scheduler is not None:
             scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        clock.tick(*token_counts(q, d), out.loss.detach())
+        clock.tick(*token_counts(q, d, chunks=encoder.length_chunks), out.loss.detach())
     result = trained(clock, cfg.data.batch_size, encoder.backbone, first)
     if opts.save_dir and not seed_recipe:  # the seed recipe's head has no sentence-transformers form
         export_sentence_transformers(encoder, opts.save_dir)

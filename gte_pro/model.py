@@ -14,12 +14,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModel, AutoTokenizer, BertConfig, PreTrainedTokenizerBase
 
 from gte_pro.heads import build_projection, load_dense_head
+from gte_pro.length_chunks import chunk_plan
 from gte_pro.lora import with_lora
 
 log = logging.getLogger(__name__)
@@ -113,6 +115,7 @@ class Encoder(nn.Module):
         compile: bool = False,
         lora: dict[str, Any] | None = None,
         projection: dict[str, Any] | None = None,
+        length_chunks: int = 1,
     ) -> None:
         super().__init__()
         if not isinstance(trust_remote_code, bool):
@@ -173,6 +176,10 @@ class Encoder(nn.Module):
                                                                         if detected_normalize is not None
                                                                         else True))
         self.max_length = int(max_length)
+        if int(length_chunks) < 1:
+            raise ValueError(f"model.length_chunks={length_chunks!r} is not valid: 1 (off) or more chunks per pass")
+        # a compiled backbone would recompile for every chunk shape; left padding would need the other end cut
+        self.length_chunks = 1 if compile or self.tokenizer.padding_side != "right" else int(length_chunks)
         self.query_prefix = query_prefix
         self.doc_prefix = doc_prefix
         if gradient_checkpointing:
@@ -203,6 +210,27 @@ class Encoder(nn.Module):
         return [m for m in self.projection if isinstance(m, nn.Linear)][-1].out_features
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **extra: torch.Tensor) -> torch.Tensor:
+        plan = self._chunk_plan(attention_mask)
+        if plan is None:
+            return self._embed(input_ids, attention_mask, **extra)
+        parts = []
+        for rows, length in plan:  # each chunk cut to its own longest text (right padding: the tail is padding)
+            index = torch.as_tensor(rows, device=input_ids.device)
+            parts.append(self._embed(*(t[index, :length] for t in (input_ids, attention_mask)),
+                                     **{k: v[index, :length] for k, v in extra.items()}))
+        # back to the batch's order: concatenated chunk rows -> their original positions
+        restore = torch.as_tensor(np.argsort(np.concatenate([rows for rows, _ in plan])), device=input_ids.device)
+        return torch.cat(parts)[restore]
+
+    def _chunk_plan(self, attention_mask: torch.Tensor) -> list[tuple[np.ndarray, int]] | None:
+        """The length chunks of this pass (``model.length_chunks``), or None for one pass over the padded batch."""
+        if self.length_chunks <= 1 or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+            return None
+        lengths = attention_mask.sum(dim=1).tolist()  # on a GPU, one host sync per pass
+        plan = chunk_plan(lengths, self.length_chunks)
+        return None if len(plan) == 1 and plan[0][1] == attention_mask.shape[1] else plan
+
+    def _embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **extra: torch.Tensor) -> torch.Tensor:
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, **extra)
         embeddings = pool(out.last_hidden_state, attention_mask, self.pooling)
         if self.projection is not None:
