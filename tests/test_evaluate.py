@@ -151,8 +151,12 @@ def test_pre_tokenized_batches_equal_the_tokenizers_own_padding(tokenizer):
     retrieval = RetrievalSet(queries=["what sorts?", "q"], corpus=corpus, relevant=[{3}, {0}])
     dataset = EvalTexts(retrieval, tokenizer, max_length=16, query_prefix="query: ", doc_prefix="doc: ")
     items = [dataset[i] for i in range(len(dataset))]
-    lengths = [len(tokens) for _, tokens in items]
-    assert lengths == sorted(lengths, reverse=True) and max(lengths) == 16  # longest first, truncated
+    # queries, then documents (a rank's corpus shard is one slice of its rows), each longest first, truncated
+    assert [i >= 0 for i, _ in items] == [True, True, False, False, False, False]
+    for part in (items[:2], items[2:]):
+        lengths = [len(tokens) for _, tokens in part]
+        assert lengths == sorted(lengths, reverse=True) and max(lengths) <= 16
+    assert max(len(tokens) for _, tokens in items) == 16
     batch = EvalCollator(tokenizer)(items)
     texts = {i: "query: " + q for i, q in enumerate(retrieval.queries)}
     texts |= {-(j + 1): "doc: " + d for j, d in enumerate(corpus)}

@@ -18,6 +18,7 @@ from gte_pro.evaluation.metrics import (
     owned_mask,
     rank_corpus,
     retrieval_metrics,
+    rows_where,
     sharded_rank,
 )
 from gte_pro.evaluation.quantize import QUANTIZATIONS, int8_ranges, quantize
@@ -39,22 +40,27 @@ def _problem() -> tuple[torch.Tensor, torch.Tensor, list[set[int]]]:
     return queries, corpus, relevant
 
 
-def _share(rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _share(rank: int, world: int, queries_first: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(signed ids, embeddings) that rank ``rank`` of ``world`` embeds: validation's item list, length-sorted order
-    stand-in (a fixed permutation), split by a DistributedSampler (which pads with repeats: 341 items, 2 ranks)."""
+    stand-in (a fixed permutation; with ``queries_first``, of the queries and then of the documents, as EvalTexts
+    orders them), split by a DistributedSampler (which pads with repeats: 341 items, 2 ranks)."""
     queries, corpus, _ = _problem()
-    ids = torch.cat([torch.arange(NUM_QUERIES), -torch.arange(NUM_CORPUS) - 1])
-    ids = ids[torch.randperm(len(ids), generator=torch.Generator().manual_seed(1))]
+    gen = torch.Generator().manual_seed(1)
+    if queries_first:
+        ids = torch.cat([torch.randperm(NUM_QUERIES, generator=gen), -torch.randperm(NUM_CORPUS, generator=gen) - 1])
+    else:
+        ids = torch.cat([torch.arange(NUM_QUERIES), -torch.arange(NUM_CORPUS) - 1])
+        ids = ids[torch.randperm(len(ids), generator=gen)]
     share = ids[list(DistributedSampler(range(len(ids)), num_replicas=world, rank=rank, shuffle=False))]
     embeddings = torch.stack([queries[i] if i >= 0 else corpus[-i - 1] for i in share.tolist()])
     return share, embeddings
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, world: int, port: int, out_dir: str, queries_first: bool) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        ids, embeddings = _share(rank, world)
+        ids, embeddings = _share(rank, world, queries_first)
         _, _, relevant = _problem()
         metrics = evaluate_distributed(ids, embeddings, relevant, NUM_CORPUS, quantization=QUANTIZATIONS)
         # the ranking itself, from this rank's de-duplicated corpus shard
@@ -66,13 +72,15 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def test_two_processes_give_the_one_process_numbers(tmp_path: Path):
+@pytest.mark.parametrize("queries_first", [False, True], ids=["mixed", "queries-first"])
+def test_two_processes_give_the_one_process_numbers(tmp_path: Path, queries_first: bool):
     queries, corpus, relevant = _problem()
     expected = evaluate_embeddings(queries, corpus, relevant)
     expected_ranking = rank_corpus(queries, corpus, 100)
-    one_process = evaluate_distributed(*_share(0, 1), relevant, NUM_CORPUS, quantization=QUANTIZATIONS)
+    one_process = evaluate_distributed(*_share(0, 1, queries_first), relevant, NUM_CORPUS,
+                                       quantization=QUANTIZATIONS)
     assert {"ndcg@10_int8", "ndcg@10_binary"} <= set(one_process)
-    mp.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), str(tmp_path), queries_first), nprocs=2, join=True)
     results = [torch.load(tmp_path / f"{rank}.pt", weights_only=False) for rank in range(2)]
     # each rank ranked only its half of the corpus, yet both hold the global ranking and the same metrics
     assert sum(r["shard"] for r in results) == NUM_CORPUS and max(r["shard"] for r in results) < 0.6 * NUM_CORPUS
@@ -82,6 +90,15 @@ def test_two_processes_give_the_one_process_numbers(tmp_path: Path):
         # the int8 ranges are a min/max over both shards: the quantized numbers match one process's too
         assert result["metrics"] == pytest.approx(one_process, abs=1e-9)
     assert 0.1 < expected["ndcg@10"] < 0.95  # a task with mistakes, so that a wrong merge would show
+
+
+def test_rows_where_is_a_view_for_one_run_of_rows_and_a_copy_otherwise():
+    x = torch.arange(12.0).reshape(6, 2)
+    run = torch.tensor([False, True, True, True, False, False])
+    assert torch.equal(rows_where(x, run), x[run]) and rows_where(x, run).data_ptr() == x[1].data_ptr()
+    gaps = torch.tensor([True, False, True, False, False, True])
+    assert torch.equal(rows_where(x, gaps), x[gaps])
+    assert rows_where(x, torch.zeros(6, dtype=torch.bool)).shape == (0, 2)
 
 
 def test_tied_duplicates_rank_by_lower_index():

@@ -154,8 +154,9 @@ def corpus_tokens(corpus: Sequence[str], tokenizer: PreTrainedTokenizerBase, max
 
 
 class EvalTexts(Dataset):
-    """Queries and corpus of a RetrievalSet, tokenized once and ordered longest first (less padding per batch: on
-    the demo corpus ~0.94 of the padded positions are real tokens, ~0.74 when sorting by characters).
+    """Queries and corpus of a RetrievalSet, tokenized once, queries then documents, each longest first (less
+    padding per batch: on the demo corpus ~0.94 of the padded positions are real tokens, ~0.74 when sorting by
+    characters).
 
     Items are (signed id, token ids): query i -> i, corpus entry j -> -(j + 1). A data module builds one per set
     and reuses it for every validation, so the texts are tokenized once per run, not once per validation. A stored
@@ -166,8 +167,10 @@ class EvalTexts(Dataset):
                  query_prefix: str = "", doc_prefix: str = "") -> None:
         self.queries = TokenizedTexts(tokenizer, [query_prefix + q for q in retrieval.queries], max_length)
         self.docs = corpus_tokens(retrieval.corpus, tokenizer, max_length, doc_prefix)
-        self.order = longest_first(np.concatenate([self.queries.lengths, self.docs.lengths]),
-                                   np.concatenate([self.queries.chars, self.docs.chars]))
+        # queries, then documents, each longest first: a rank's rows hold its queries and then its corpus shard,
+        # which evaluation can then take as one slice instead of copying the shard's embeddings
+        self.order = np.concatenate([longest_first(self.queries.lengths, self.queries.chars),
+                                     len(self.queries) + longest_first(self.docs.lengths, self.docs.chars)])
 
     def __len__(self) -> int:
         return len(self.order)

@@ -71,21 +71,43 @@ class RetrievalSet:
 
 
 def _top_candidates(query_emb: torch.Tensor, corpus_emb: torch.Tensor, k: int, max_scores_per_chunk: int,
-                    tie_break: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    tie_break: torch.Tensor | None = None,
+                    column_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(scores, indices), each (Q, k), of the k best corpus rows per query; queries in chunks to bound memory.
 
-    ``tie_break`` (float64, one per corpus row, in [0, 1)): for integer scores (quantized embeddings, where ties
-    are common): each score becomes ``score + tie_break``, exact in float64, so equal scores are ordered by it."""
+    ``column_scale`` (one per corpus row) multiplies each corpus row's scores: 1 / its norm gives cosines without a
+    normalised copy of the corpus. ``tie_break`` (float64, one per corpus row, in [0, 1)): for integer scores
+    (quantized embeddings, where ties are common): each score becomes ``score + tie_break``, exact in float64, so
+    equal scores are ordered by it."""
     chunk = max(1, max_scores_per_chunk // max(corpus_emb.shape[0], 1))
     values, indices = [], []
     for start in range(0, query_emb.shape[0], chunk):
         scores = query_emb[start : start + chunk] @ corpus_emb.T
+        if column_scale is not None:
+            scores *= column_scale
         if tie_break is not None:
             scores = scores + tie_break
         v, i = scores.topk(k, dim=1)
         values.append(v)
         indices.append(i)
     return torch.cat(values), torch.cat(indices)
+
+
+def _cosine_inputs(query_emb: torch.Tensor, corpus_emb: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Unit queries, the corpus as it is and 1 / each corpus row's norm (as F.normalize, at least 1e-12): the
+    corpus, the large side, is never copied."""
+    corpus_emb = corpus_emb.float()
+    return F.normalize(query_emb.float(), dim=-1), corpus_emb, 1 / corpus_emb.norm(dim=-1).clamp(min=1e-12)
+
+
+def rows_where(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``x[mask]``, as a view (no copy) when the selected rows are one contiguous run, as they are for a rank's
+    queries and its corpus shard (``EvalTexts`` orders queries before documents)."""
+    selected = mask.nonzero().flatten()
+    if len(selected) == 0 or int(selected[-1] - selected[0]) + 1 == len(selected):
+        start = int(selected[0]) if len(selected) else 0
+        return x[start : start + len(selected)]
+    return x[mask]
 
 
 def _order_candidates(values: torch.Tensor, indices: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -99,12 +121,11 @@ def _order_candidates(values: torch.Tensor, indices: torch.Tensor, top_k: int) -
 def rank_corpus(query_emb: torch.Tensor, corpus_emb: torch.Tensor, top_k: int,
                 max_scores_per_chunk: int = 1 << 24) -> torch.Tensor:
     """Indices (Q, k) of the top-k corpus entries by cosine similarity, best first, ties by lower index."""
-    query_emb = F.normalize(query_emb.float(), dim=-1)
-    corpus_emb = F.normalize(corpus_emb.float(), dim=-1)
+    query_emb, corpus_emb, scale = _cosine_inputs(query_emb, corpus_emb)
     top_k = min(top_k, corpus_emb.shape[0])
     # a few spare candidates so that ties at the k-th score can still be ordered by index
     candidates = min(top_k + _TIE_SPARE, corpus_emb.shape[0])
-    values, indices = _top_candidates(query_emb, corpus_emb, candidates, max_scores_per_chunk)
+    values, indices = _top_candidates(query_emb, corpus_emb, candidates, max_scores_per_chunk, column_scale=scale)
     return _order_candidates(values, indices, top_k)
 
 
@@ -168,9 +189,9 @@ def sharded_rank(query_emb: torch.Tensor, shard_emb: torch.Tensor, shard_index: 
     ``cosine`` false: rank by the inner product of integer-valued vectors as given (quantized embeddings), in
     float64 with ties broken by index exactly, however many there are.
     """
-    tie_break = None
+    tie_break = scale = None
     if cosine:
-        query_emb, shard_emb = F.normalize(query_emb.float(), dim=-1), F.normalize(shard_emb.float(), dim=-1)
+        query_emb, shard_emb, scale = _cosine_inputs(query_emb, shard_emb)
     else:
         query_emb, shard_emb = query_emb.double(), shard_emb.double()
         # the lower global index wins a tie; integer scores stay exact below 2**53
@@ -182,7 +203,7 @@ def sharded_rank(query_emb: torch.Tensor, shard_emb: torch.Tensor, shard_index: 
     values = query_emb.new_full((query_emb.shape[0], width), float("-inf"))
     indices = torch.full_like(values, num_corpus, dtype=torch.long)
     if local:
-        v, i = _top_candidates(query_emb, shard_emb, local, max_scores_per_chunk, tie_break)
+        v, i = _top_candidates(query_emb, shard_emb, local, max_scores_per_chunk, tie_break, scale)
         values[:, :local], indices[:, :local] = v, shard_index.to(i.device)[i]
     return _order_candidates(_gather_columns(values), _gather_columns(indices), top_k)
 
@@ -197,13 +218,13 @@ def evaluate_distributed(ids: torch.Tensor, embeddings: torch.Tensor, relevant: 
     """
     num_queries = len(relevant)
     keep = owned_mask(ids, num_queries, num_corpus)
-    ids, embeddings = ids[keep], embeddings[keep]
+    ids, embeddings = ids[keep], rows_where(embeddings, keep)  # the corpus shard's embeddings are not copied
     is_query = ids >= 0
     query_ids, _ = all_gather_rows(ids[is_query])
     query_rows, _ = all_gather_rows(embeddings[is_query])
     query_emb = embeddings.new_zeros((num_queries, embeddings.shape[-1]))
     query_emb[query_ids] = query_rows
-    shard, shard_index = embeddings[~is_query], -ids[~is_query] - 1
+    shard, shard_index = rows_where(embeddings, ~is_query), -ids[~is_query] - 1
     metrics = retrieval_metrics(sharded_rank(query_emb, shard, shard_index, num_corpus, TOP_K).cpu(), relevant)
     for precision in quantization:
         ranges = int8_ranges(shard) if precision == "int8" else None
