@@ -4,7 +4,7 @@ project's training path (bench_train.py's ``ours``: the composed config, gte_pro
 Usage::
 
     python benchmarks/bench_gpu.py [--sizes minilm,base] [--seq 128,256] [--batch 64,256] [--steps 10]
-        [--precision bf16-mixed] [--peak-tflops T] [--json FILE] [--cpu] [--timeout S]
+        [--precision bf16-mixed] [--peak-tflops T] [--json FILE] [--cpu] [--timeout S] [--budget S]
 
 Rows, each in a fresh process (peak memory is per row):
 
@@ -26,6 +26,7 @@ import argparse
 import shlex
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import bench_train
@@ -82,7 +83,8 @@ def with_mfu(result: Result, tflops: float | None) -> Result:
     return result
 
 
-def report(results: list[Result], args: argparse.Namespace, device: str, tflops: float | None) -> None:
+def report(results: list[Result], skipped: list[dict], args: argparse.Namespace, device: str,
+           tflops: float | None) -> None:
     print(f"\n{harness.machine()}\n{device}, precision {args.precision}, {args.steps} measured steps after "
           f"{bench_train.WARMUP_STEPS} warm-up, peak {tflops or '?'} TFLOP/s for MFU\n")
     print(harness.table([
@@ -94,8 +96,23 @@ def report(results: list[Result], args: argparse.Namespace, device: str, tflops:
         Column("peak GPU MB", "peak_gpu_mb", ",.0f"), Column("peak RSS MB", "peak_rss_mb", ",.0f")], results))
     for result in results:
         if "error" in result:
-            print(f"FAILED: {result['size']} seq {result['seq']} batch {result['batch']} {result['change'] or ''}: "
-                  f"{result['error']}")
+            print(f"FAILED: {describe(result)}: {result['error']}")
+    for row in skipped:
+        print(f"not run (past --budget {args.budget:.0f} s): {describe(row)}")
+
+
+def describe(row: dict) -> str:
+    return f"{row['size']} seq {row['seq']} batch {row['batch']}" + (f" {row['change']}" if row["change"] else "")
+
+
+def row_line(result: Result) -> str:
+    """One row as it finishes (a run cut short still shows what it measured)."""
+    if "error" in result:
+        return f"{describe(result)}: FAILED {result['error']}"
+    mfu = f", MFU {result['mfu']:.1%}" if "mfu" in result else ""
+    gpu = f", peak GPU {result['peak_gpu_mb']:,.0f} MB" if result.get("peak_gpu_mb") else ""
+    return (f"{describe(result)}: {result['samples_per_s']:.1f} samples/s, {result['real_tokens_per_s']:,.0f} real "
+            f"tokens/s, padding {result['padding_fraction']:.2f}{mfu}{gpu}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -109,6 +126,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's peak dense bf16 TFLOP/s")
     parser.add_argument("--threads", type=int, default=4, help="CPU threads per process (data loading)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per row before it is killed")
+    parser.add_argument("--budget", type=float, default=270,
+                        help="start no row after this many seconds (each row is a fresh process: ~30 s on an H200 "
+                             "machine); the rows not run are listed")
     parser.add_argument("--cpu", action="store_true", help="run on the CPU when there is no CUDA (tests)")
     parser.add_argument("--json", help="write every row's result to this file")
     args = parser.parse_args(argv)
@@ -134,16 +154,19 @@ def main(argv: list[str] | None = None) -> int:
         f"CPU ({torch.backends.cpu.get_cpu_capability()})")
     tflops = peak_tflops(device, args.peak_tflops) if torch.cuda.is_available() else None
     print(f"$ {shlex.join([sys.executable, *sys.argv])}\ndevice: {device}", flush=True)
-    results = []
+    results, skipped, start = [], [], time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench_gpu_") as tmp:
         for row in rows(args):
-            result = with_mfu(measure(row, args, Path(tmp)), tflops)
-            print(f"{row}: " + (f"{result['samples_per_s']:.1f} samples/s" if "error" not in result
-                                else f"FAILED {result['error']}"), flush=True)
-            results.append(result)
-    report(results, args, device, tflops)
+            if results and time.monotonic() - start > args.budget:
+                skipped.append(row)
+                continue
+            results.append(with_mfu(measure(row, args, Path(tmp)), tflops))
+            print(row_line(results[-1]), flush=True)
+            harness.write_json(args.json, {"device": device, "peak_tflops": tflops, "settings": vars(args),
+                                           "rows": results, "not_run": skipped})
+    report(results, skipped, args, device, tflops)
     harness.write_json(args.json, {"device": device, "peak_tflops": tflops, "settings": vars(args),
-                                   "rows": results})
+                                   "rows": results, "not_run": skipped})
     return 0
 
 

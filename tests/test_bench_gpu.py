@@ -48,6 +48,22 @@ def test_the_rows_run_on_the_cpu_with_a_tiny_model(tmp_path: Path, capsys: pytes
     assert "| tiny | 32 | 8 | ddp |" in table and "CPU (" in table
 
 
+def test_no_row_starts_past_the_budget_and_the_rest_are_listed(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                               monkeypatch: pytest.MonkeyPatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "rows.json"
+    assert bench_gpu.main(["--cpu", "--sizes", "tiny", "--seq", "32", "--batch", "4,8", "--changes", "",
+                           "--steps", "2", "--precision", "32-true", "--threads", "1", "--budget", "0",
+                           "--json", str(out)]) == 0
+    saved = json.loads(out.read_text())
+    assert [r["batch"] for r in saved["rows"]] == [4] and [r["batch"] for r in saved["not_run"]] == [8]
+    printed = capsys.readouterr().out
+    assert "tiny seq 32 batch 4: " in printed and "samples/s" in printed
+    assert "not run (past --budget 0 s): tiny seq 32 batch 8" in printed
+
+
 def test_mfu_uses_the_device_peak():
     assert bench_gpu.peak_tflops("NVIDIA H200", None) == 989.0
     assert bench_gpu.peak_tflops("Tesla T4", None) is None and bench_gpu.peak_tflops("Tesla T4", 65.0) == 65.0
