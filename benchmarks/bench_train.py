@@ -277,15 +277,15 @@ def run_plain(opts: argparse.Namespace, variant: Variant, seed_recipe: bool = Fa
     from gte_pro.export.writers import export_sentence_transformers
     from gte_pro.losses import split_documents
 
-    recipe = [f"data.max_length={SEED_RECIPE_LENGTH}", "model.pooling=cls"] if seed_recipe else []
+    # the recipe computes all 512 positions: no length chunks
+    recipe = ([f"data.max_length={SEED_RECIPE_LENGTH}", "model.pooling=cls", "model.length_chunks=1"]
+              if seed_recipe else [])
     cfg = compose_cfg(opts, [*recipe, *variant.overrides])
     if cfg.loss.get("mini_batch_size"):
         raise ValueError("plain/seed loops do not implement loss.mini_batch_size (GradCache)")
     device = device_of()
     seed_and_precision(cfg)
     encoder = build_encoder(cfg).to(device)
-    if seed_recipe:
-        encoder.length_chunks = 1  # the recipe computes all 512 positions
     datamodule = build_datamodule(cfg, encoder.tokenizer, encoder.query_prefix, encoder.doc_prefix)
     datamodule.prepare_data()
     datamodule.setup("fit")
