@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.trainer.states import TrainerFn
 
 from gte_pro.launch.checkpoint_io import LAST
+from gte_pro.utils.progress import logs_this_step
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +48,23 @@ class Throughput(Callback):
             tokens = batch["num_tokens"] * trainer.world_size  # counted by the collator on the CPU: no device sync
             self._samples_per_s = self._smooth(self._samples_per_s, samples / elapsed)
             self._tokens_per_s = self._smooth(self._tokens_per_s, tokens / elapsed)
-            pl_module.log("train/samples_per_s", self._samples_per_s, prog_bar=True, batch_size=1)
-            pl_module.log("train/tokens_per_s", self._tokens_per_s, prog_bar=False, batch_size=1)
+            if logs_this_step(trainer):
+                pl_module.log("train/samples_per_s", self._samples_per_s, prog_bar=True, batch_size=1)
+                pl_module.log("train/tokens_per_s", self._tokens_per_s, prog_bar=False, batch_size=1)
         self._last = now
         step = trainer.global_step
         if self.print_every_n_steps and step % self.print_every_n_steps == 0 and trainer.is_global_zero:
-            self._print(trainer, step)
+            self._print(trainer, pl_module, step)
 
-    def _print(self, trainer: Trainer, step: int) -> None:
+    def rates(self) -> dict[str, float]:
+        """The smoothed rates at the last step (the logged ones are refreshed every trainer.log_every_n_steps)."""
+        rates = {"train/samples_per_s": self._samples_per_s, "train/tokens_per_s": self._tokens_per_s}
+        return {name: float(value) for name, value in rates.items() if value is not None}
+
+    def _print(self, trainer: Trainer, pl_module: LightningModule, step: int) -> None:
         total = trainer.estimated_stepping_batches
-        loss = trainer.callback_metrics.get("train/loss")
+        # the module's own last value: the logged one is only refreshed every trainer.log_every_n_steps
+        loss = getattr(pl_module, "train_metrics", lambda: {})().get("train/loss")
         rate = self._samples_per_s or 0.0
         steps_per_s = rate / max(trainer.datamodule.batch_size * trainer.world_size, 1) if trainer.datamodule else 0
         eta = (total - step) / steps_per_s if steps_per_s else float("nan")

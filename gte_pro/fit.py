@@ -25,7 +25,7 @@ from gte_pro.builders import (
     instantiate_dict,
     seed_and_precision,
 )
-from gte_pro.callbacks import ValidationRecord
+from gte_pro.callbacks import Throughput, ValidationRecord
 from gte_pro.evaluation.report import merge_results, metrics_table, optimized_value
 from gte_pro.evaluation.sets import attach_eval_sets
 from gte_pro.export.release import check_export_requirements, release
@@ -212,7 +212,7 @@ def _fit_validate_export(cfg: DictConfig, output_dir: Path, module: ContrastiveM
         optimized_value(before, cfg.get("optimized_metric"))  # a wrong name fails now, not after training
     with times.phase("training"):
         trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
-    rates = {k: float(v) for k, v in trainer.callback_metrics.items() if k.endswith("_per_s")}
+    rates = next((cb.rates() for cb in callbacks if isinstance(cb, Throughput)), {})
     train_metrics = {**module.train_metrics(), **rates}
     best_ckpt = _best_checkpoint(trainer)
     with times.phase("validation after"):

@@ -37,6 +37,7 @@ import torch.distributed as dist
 from lightning.pytorch.utilities import move_data_to_device
 
 from gte_pro.utils.files import write_atomic, write_json_atomic
+from gte_pro.utils.progress import logs_this_step
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,8 @@ class NonFiniteGuard:
                 optimizer.step(closure=lambda: result)
             if self._count is None:
                 self._count = torch.full((), float(self.skipped), device=module.device)
-            module.log("train/skipped_steps", self._count, on_step=True, on_epoch=False, batch_size=1)
+            if logs_this_step(module.trainer):
+                module.log("train/skipped_steps", self._count, on_step=True, on_epoch=False, batch_size=1)
         finally:
             self._reset()
 

@@ -21,6 +21,7 @@ from gte_pro.gradcache import cached_loss
 from gte_pro.guard import NonFiniteGuard
 from gte_pro.losses import ContrastiveLoss, LossOutput, split_documents
 from gte_pro.model import Encoder
+from gte_pro.utils.progress import logs_this_step
 
 CONFIG_KEY = "gte_pro_module_config"
 log = logging.getLogger(__name__)
@@ -199,7 +200,8 @@ class ContrastiveModule(LightningModule):
             "train/sim_neg": negative_mean,
         }
         self._train_metrics = {name: value.detach() for name, value in metrics.items()}
-        self.log_dict(metrics, prog_bar=True, batch_size=batch_size)
+        if logs_this_step(self._trainer):
+            self.log_dict(metrics, prog_bar=True, batch_size=batch_size)
 
     def train_metrics(self) -> dict[str, float]:
         """This rank's metrics of the last training step (restored from the checkpoint by a resumed run)."""
