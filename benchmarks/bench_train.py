@@ -215,7 +215,7 @@ def run_ours(opts: argparse.Namespace, variant: Variant) -> Result:
         def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             if "batch" not in first:
                 first["batch"] = fingerprint(batch["query"], batch["doc"])
-            clock.tick(*token_counts(batch["query"], batch["doc"], chunks=module.encoder.length_chunks),
+            clock.tick(*token_counts(batch["query"], batch["doc"], chunks=module.encoder.chunks_on(module.device)),
                        outputs["loss"])
 
     seed_and_precision(cfg)
@@ -315,7 +315,7 @@ def run_plain(opts: argparse.Namespace, variant: Variant, seed_recipe: bool = Fa
         if scheduler is not None:
             scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        clock.tick(*token_counts(q, d, chunks=encoder.length_chunks), out.loss.detach())
+        clock.tick(*token_counts(q, d, chunks=encoder.chunks_on(device)), out.loss.detach())
     result = trained(clock, cfg.data.batch_size, encoder.backbone, first)
     if opts.save_dir and not seed_recipe:  # the seed recipe's head has no sentence-transformers form
         export_sentence_transformers(encoder, opts.save_dir)

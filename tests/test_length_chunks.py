@@ -68,6 +68,28 @@ def test_a_chunked_pass_equals_one_padded_pass(pooling: str):
 
 
 def test_length_chunks_is_off_under_compile_and_refuses_zero():
-    assert Encoder(packaged_minilm_path(), random_init_config=TINY, length_chunks=4, compile=True).length_chunks == 1
+    cpu = torch.device("cpu")
+    assert Encoder(packaged_minilm_path(), random_init_config=TINY, length_chunks=4, compile=True).chunks_on(cpu) == 1
     with pytest.raises(ValueError, match="model.length_chunks=0"):
         Encoder(packaged_minilm_path(), random_init_config=TINY, length_chunks=0)
+
+
+def test_auto_chunks_on_the_cpu_and_runs_one_pass_elsewhere():
+    encoder = Encoder(packaged_minilm_path(), random_init_config=TINY, length_chunks="auto")
+    assert encoder.chunks_on(torch.device("cpu")) == 4
+    assert encoder.chunks_on(torch.device("cuda")) == 1 and encoder.chunks_on(torch.device("meta")) == 1
+    three = Encoder(packaged_minilm_path(), random_init_config=TINY, length_chunks=3)
+    assert three.chunks_on(torch.device("cuda")) == 3
+    for bad in ("4", 2.0, True, "off"):
+        with pytest.raises(ValueError, match="valid: auto, 1"):
+            Encoder(packaged_minilm_path(), random_init_config=TINY, length_chunks=bad)
+
+
+def test_the_config_check_names_length_chunks_choices(make_cfg):
+    from gte_pro.config_checks import ConfigError, check_config
+
+    check_config(make_cfg(["model.length_chunks=auto"]))
+    check_config(make_cfg(["model.length_chunks=2"]))
+    with pytest.raises(ConfigError, match=r"model.length_chunks=0: expected auto or an integer >= 1"):
+        check_config(make_cfg(["model.length_chunks=0"]))
+

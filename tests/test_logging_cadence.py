@@ -30,7 +30,8 @@ def _fit(make_cfg, out: Path, monkeypatch: pytest.MonkeyPatch, always_log: bool)
         for module in ("gte_pro.module", "gte_pro.guard", "gte_pro.callbacks"):
             monkeypatch.setattr(f"{module}.logs_this_step", lambda trainer: True)
     cfg = make_cfg(["debug=fast", "logger=csv", "callbacks=default", f"trainer.limit_train_batches={STEPS}",
-                    f"trainer.log_every_n_steps={EVERY}", "eval.before=false", "export.hf=false", "export.model_card=false"], output_dir=out)
+                    f"trainer.log_every_n_steps={EVERY}", "eval.before=false", "export.hf=false",
+                    "export.model_card=false"], output_dir=out)
     train(cfg)
     with open(out / "csv" / "version_0" / "metrics.csv") as f:
         rows = [row for row in csv.DictReader(f) if row.get("train/loss")]

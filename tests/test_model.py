@@ -58,6 +58,19 @@ def test_tiny_random_bert_uses_the_packaged_tokenizer():
     assert tiny.backbone.config.num_hidden_layers == 1 and tiny.training  # trains with dropout
 
 
+def test_building_an_encoder_takes_cudnn_out_of_the_attention_backends():
+    # cuDNN's SDPA plans every new (rows, length) shape (~0.5 s each on an H200): fatal with dynamic padding
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    try:
+        Encoder(packaged_minilm_path(), random_init_config={"hidden_size": 32, "num_hidden_layers": 1,
+                                                            "num_attention_heads": 2, "intermediate_size": 64})
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.mem_efficient_sdp_enabled() and torch.backends.cuda.flash_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+
+
 def test_bad_pooling_names_the_choices():
     with pytest.raises(ValueError, match="model.pooling='max' is not valid; valid choices: mean, cls, last"):
         Encoder(packaged_minilm_path(), pooling="max")
