@@ -10,10 +10,31 @@ the batch, its in-batch negatives and the loss, are the same as without it; only
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 _NEVER = np.iinfo(np.int64).max // 4  # "no such split": far above any real count, and safe to add to
+AUTO_CPU_CHUNKS = 4  # model.length_chunks=auto on the CPU (make bench: 1.17x the samples/s of one padded pass)
+
+
+def parse_length_chunks(value: Any) -> int | str:
+    """``model.length_chunks``: ``auto`` or a number of chunks >= 1."""
+    if value == "auto":
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"model.length_chunks={value!r} is not valid: auto, 1 (one padded pass) or more chunks "
+                         "per pass")
+    return value
+
+
+def chunks_for(setting: int | str, device_type: str) -> int:
+    """The most chunks of a pass on a device of ``device_type``. ``auto``: 4 on the CPU, where the padding's
+    compute is the cost, else 1: on an H200, MiniLM at batch 32 trained 2.5x slower in 4 chunks, since a small
+    pass is bound by the host's kernel launches (each chunk is another pass), not by the positions."""
+    if setting == "auto":
+        return AUTO_CPU_CHUNKS if device_type == "cpu" else 1
+    return int(setting)
 
 
 def chunk_plan(lengths: Sequence[int] | np.ndarray, max_chunks: int) -> list[tuple[np.ndarray, int]]:

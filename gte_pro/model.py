@@ -21,7 +21,7 @@ from torch import nn
 from transformers import AutoModel, AutoTokenizer, BertConfig, PreTrainedTokenizerBase
 
 from gte_pro.heads import build_projection, load_dense_head
-from gte_pro.length_chunks import chunk_plan
+from gte_pro.length_chunks import chunk_plan, chunks_for, parse_length_chunks
 from gte_pro.lora import with_lora
 
 log = logging.getLogger(__name__)
@@ -95,19 +95,6 @@ def _refuse_remote_code(error: Exception, name_or_path: str, trust_remote_code: 
     if "trust_remote_code" in str(error) and not trust_remote_code:
         raise ValueError(f"{name_or_path}: this model's code lives in its hub repository and would run on this "
                          "machine; set model.trust_remote_code=true to allow it") from error
-
-
-AUTO_CPU_CHUNKS = 4  # model.length_chunks=auto on the CPU (make bench: 1.17x the samples/s of one padded pass)
-
-
-def parse_length_chunks(value: Any) -> int | str:
-    """``model.length_chunks``: ``auto`` or a number of chunks >= 1."""
-    if value == "auto":
-        return "auto"
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"model.length_chunks={value!r} is not valid: auto, 1 (one padded pass) or more chunks "
-                         "per pass")
-    return value
 
 
 def avoid_cudnn_attention() -> None:
@@ -250,12 +237,8 @@ class Encoder(nn.Module):
         return torch.cat(parts)[restore]
 
     def chunks_on(self, device: torch.device) -> int:
-        """The most length chunks a pass on ``device`` runs in (``model.length_chunks``; ``auto``: 4 on the CPU,
-        where the padding's compute is the cost, and 1 elsewhere: on an H200, MiniLM at batch 32 trained 2.5x
-        slower in 4 chunks, since a small pass is bound by the host's kernel launches, not by the positions)."""
-        if self.length_chunks == "auto":
-            return AUTO_CPU_CHUNKS if device.type == "cpu" else 1
-        return int(self.length_chunks)
+        """The most length chunks a pass on ``device`` runs in (``model.length_chunks``)."""
+        return chunks_for(self.length_chunks, device.type)
 
     def _chunk_plan(self, attention_mask: torch.Tensor) -> list[tuple[np.ndarray, int]] | None:
         """The length chunks of this pass (``model.length_chunks``), or None for one pass over the padded batch."""
