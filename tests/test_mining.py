@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,8 +18,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from gte_pro import packaged_minilm_path
-from gte_pro.data.records import DataError, Example
+from gte_pro.data.records import MAX_TEXT_CHARS, DataError, Example, clean_text
+from gte_pro.mining import corpus as corpus_module
 from gte_pro.mining.core import MiningOptions, mine_negatives, mining_options, unit_rows
+from gte_pro.mining.corpus import open_text_store, read_corpus_file
 from gte_pro.mining.embed import mine_texts
 from gte_pro.mining.problem import build_problem
 from tests.conftest import REPO, free_port, write_jsonl
@@ -91,13 +94,17 @@ def test_top_sampling_equals_the_brute_force_window_and_margins(margins):
     assert math.isnan(mined.positive_scores[4]) and not torch.isnan(mined.positive_scores[:4]).any()
 
 
-def test_positives_and_their_duplicates_are_never_returned(tmp_path: Path):
+def _store(files, tokenizer, tmp_path: Path, max_length: int = 32, prefix: str = ""):
+    return open_text_store(files, tokenizer, max_length, prefix, tmp_path / "cache")
+
+
+def test_positives_and_their_duplicates_are_never_returned(tmp_path: Path, tokenizer):
     # a corpus file repeats a positive (other whitespace: the same text once cleaned) and a query repeats over rows
     rows = [Example(f"question number {i}", [f"answer text number {i}"]) for i in range(20)]
     rows.append(Example("question number 0", ["another answer to question 0"]))
     corpus_file = write_jsonl(tmp_path / "corpus.jsonl", [{"text": "  answer   text number 3 "},
                                                           {"title": "Extra", "text": "an extra document"}])
-    problem = build_problem(rows, [corpus_file])
+    problem = build_problem(rows, _store([corpus_file], tokenizer, tmp_path))
     assert len(problem.corpus) == 22 and problem.corpus[-1] == "Extra an extra document"
     assert problem.counts["corpus-file texts already in the corpus"] == 1
     assert len(problem.queries) == 20 and problem.positives[0] == [0, 20]
@@ -110,6 +117,73 @@ def test_positives_and_their_duplicates_are_never_returned(tmp_path: Path):
                                                                     relative_margin=None))
     for q, row in enumerate(_ids(mined)):
         assert len(row) == 5 and not set(row) & set(problem.positives[q])
+
+
+def _in_memory_corpus(rows: list[Example], files: list[Path], min_doc_chars: int) -> tuple[list[str], Counter]:
+    """The corpus and counts as mining built them before the store: every file text read into a dict, in order."""
+    corpus = list(dict.fromkeys(p for row in rows for p in row.positives))
+    ids, counts = {text: i for i, text in enumerate(corpus)}, Counter()
+    for path in files:
+        for raw in read_corpus_file(path):
+            text = clean_text(raw[:MAX_TEXT_CHARS])
+            if len(text) < max(min_doc_chars, 1):
+                counts[f"corpus-file texts shorter than {max(min_doc_chars, 1)} chars left out"] += 1
+            elif text in ids:
+                counts["corpus-file texts already in the corpus"] += 1
+            else:
+                ids[text] = len(corpus)
+                corpus.append(text)
+                counts["corpus-file texts added"] += 1
+    return corpus, counts
+
+
+@pytest.mark.parametrize("collide", [False, True], ids=["hashes", "every-hash-collides"])
+def test_the_store_gives_the_corpus_and_counts_of_reading_every_text(tmp_path: Path, tokenizer, monkeypatch,
+                                                                     collide):
+    if collide:  # 3 hash values for all texts: only a comparison of the texts can tell them apart
+        monkeypatch.setattr(corpus_module, "text_hash", lambda text: len(text) % 3)
+    rows = [Example(f"q {i}", [f"positive text {i % 7}", f"shared answer {i % 3}"]) for i in range(12)]
+    docs = ([{"text": f"document {j % 8} about \u00e9t\u00e9 {j % 4}"} for j in range(30)]
+            + [{"text": "positive   text 2"}, {"text": "ok"}, {"text": " \u200b "}, {"title": "T", "text": "t"}])
+    first = write_jsonl(tmp_path / "a.jsonl", docs[:20])
+    second = write_jsonl(tmp_path / "b.jsonl", docs[20:] + docs[:5])  # repeats across the two files
+    store = _store([first, second], tokenizer, tmp_path)
+    assert store.meta["lines"] == 39 and store.meta["lines_per_file"] == [20, 19]
+    for min_doc_chars in (0, 5):
+        problem = build_problem(rows, store, min_doc_chars)
+        corpus, counts = _in_memory_corpus(rows, [first, second], min_doc_chars)
+        assert list(problem.corpus) == corpus and +problem.counts - Counter({
+            "corpus from training positives": 10}) == counts
+        assert len(problem.corpus.texts) == 10  # only the positives are held; the file texts stay on disk
+    assert counts["corpus-file texts added"] == 8 and counts["corpus-file texts already in the corpus"] == 28
+
+
+def test_the_stores_token_ids_mine_what_tokenizing_the_texts_mines(tmp_path: Path, tokenizer):
+    queries, texts, positives = _texts()
+    texts = [clean_text(text) for text in texts]  # as training texts are: the files' copies are the positives
+    rows = [Example(q, [texts[p[0]]]) for q, p in zip(queries, positives, strict=True)]
+    extra = write_jsonl(tmp_path / "extra.jsonl", [{"text": t} for t in texts] + [{"text": texts[3]}])
+    encoder = _tiny_encoder(doc_prefix="passage: ")
+    problem = build_problem(rows, _store([extra], tokenizer, tmp_path, 24, "passage: "))
+    assert len(problem.corpus) == len(texts)
+    options = MiningOptions(4, 0, 20, relative_margin=None)
+    stored = mine_texts(encoder, problem.queries, problem.corpus, problem.positives, options, 4, 24)
+    in_memory = mine_texts(encoder, problem.queries, list(problem.corpus), problem.positives, options, 4, 24)
+    assert torch.equal(stored.indices, in_memory.indices) and stored.indices.min() >= 0
+    assert torch.equal(stored.scores, in_memory.scores)
+    with pytest.raises(ValueError, match=r"tokenized with max_length=24, doc prefix 'passage: '; this mining uses 32"):
+        mine_texts(encoder, problem.queries, problem.corpus, problem.positives, options, 4, 32)
+
+
+def test_a_store_is_built_once_and_again_when_its_file_changes(tmp_path: Path, tokenizer, monkeypatch):
+    path = write_jsonl(tmp_path / "corpus.jsonl", [{"text": "one document"}, {"text": "another one"}])
+    folder = _store([path], tokenizer, tmp_path).folder
+    monkeypatch.setattr(corpus_module, "build_text_store", lambda *a, **k: pytest.fail("rebuilt an unchanged store"))
+    assert _store([path], tokenizer, tmp_path).folder == folder
+    monkeypatch.undo()
+    write_jsonl(path, [{"text": "one document"}, {"text": "another one"}, {"text": "a third one"}])
+    changed = _store([path], tokenizer, tmp_path)
+    assert changed.folder != folder and changed.meta["lines"] == 3 and changed.text(2) == "a third one"
 
 
 @pytest.mark.parametrize("sampling", ["top", "random"])
@@ -135,11 +209,11 @@ def _texts() -> tuple[list[str], list[str], list[list[int]]]:
     return queries, corpus, [[i, i + 20] for i in range(14)]
 
 
-def _tiny_encoder():
+def _tiny_encoder(**kwargs):
     from gte_pro.model import Encoder
 
     torch.manual_seed(0)  # identical weights in every process
-    return Encoder(packaged_minilm_path(), random_init_config=TINY, max_length=32)
+    return Encoder(packaged_minilm_path(), random_init_config=TINY, max_length=32, **kwargs)
 
 
 SHARDED = {"top": MiningOptions(5, 2, 30), "random": MiningOptions(5, 2, 30, sampling="random"),
@@ -263,20 +337,22 @@ def test_only_validation_rows_split_off_by_the_hash_are_copied():
 
 
 # --- bad input -----------------------------------------------------------------------------------------------------
-def test_bad_corpus_files_name_the_file_line_and_field(tmp_path: Path):
-    rows = [Example("a question", ["an answer to it"])]
+def test_bad_corpus_files_name_the_file_line_and_field(tmp_path: Path, tokenizer):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
     with pytest.raises(DataError, match=f"{empty}: no JSON lines"):
-        build_problem(rows, [empty])
+        _store([empty], tokenizer, tmp_path)
     no_text = write_jsonl(tmp_path / "no_text.jsonl", [{"text": "fine document"}, {"_id": "7", "title": "t"}])
     with pytest.raises(DataError, match=f"{no_text}, line 2: field 'text' is missing"):
-        build_problem(rows, [no_text])
+        _store([no_text], tokenizer, tmp_path)
     bad_title = write_jsonl(tmp_path / "bad_title.jsonl", [{"text": "fine", "title": 3}])
     with pytest.raises(DataError, match=f"{bad_title}, line 1: field 'title' must be a string, got int"):
-        build_problem(rows, [bad_title])
+        _store([bad_title], tokenizer, tmp_path)
+    with pytest.raises(DataError, match=f"mine.corpus_files: {tmp_path / 'missing.jsonl'}: file not found"):
+        _store([tmp_path / "missing.jsonl"], tokenizer, tmp_path)
+    assert not list((tmp_path / "cache" / "mining_corpora").iterdir())  # no store, and no half-built folder left
     with pytest.raises(DataError, match="no training rows"):
-        build_problem([], [])
+        build_problem([])
 
 
 @pytest.mark.parametrize(("values", "message"), [

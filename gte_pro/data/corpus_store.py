@@ -159,39 +159,58 @@ def build_corpus_store(corpus_file: Path, documents: Documents, folder: Path, to
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+class TokenWriter:
+    """Tokenizes documents a chunk at a time into an open ``tokens.bin`` and keeps their index rows (offset in
+    tokens, token count, characters with the prefix): what a store's ``index.npy`` holds."""
+
+    def __init__(self, tokens: Any, tokenizer: PreTrainedTokenizerBase, max_length: int, prefix: str) -> None:
+        self.tokens, self.tokenizer, self.max_length, self.prefix = tokens, tokenizer, max_length, prefix
+        self.parts: list[np.ndarray] = []
+        self.offset = 0
+
+    def write(self, texts: Sequence[str]) -> None:
+        if not texts:
+            return
+        rows = self.tokenizer([self.prefix + text for text in texts], truncation=True,
+                              max_length=self.max_length)["input_ids"]
+        counts = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+        self.tokens.write(np.concatenate([np.asarray(r, dtype=np.int32) for r in rows]).tobytes())
+        chars = np.fromiter((len(self.prefix) + len(text) for text in texts), dtype=np.int64, count=len(rows))
+        self.parts.append(np.stack([self.offset + np.cumsum(counts) - counts, counts, chars], axis=1))
+        self.offset += int(counts.sum())
+
+    @property
+    def written(self) -> int:
+        return sum(len(part) for part in self.parts)
+
+    def index(self) -> np.ndarray:
+        return np.concatenate(self.parts) if self.parts else np.empty((0, 3), dtype=np.int64)
+
+
 def _write_store(corpus_file: Path, documents: Documents, tmp: Path, tokenizer: PreTrainedTokenizerBase,
                  max_length: int, doc_prefix: str) -> tuple[int, Counter]:
     anomalies: Counter = Counter()
-    index: list[np.ndarray] = []
     hashes = array.array("q")  # 8 bytes a document, not a Python int each
     progress = Progress("tokenizing documents", None, unit="documents")
-    offset = 0
     with open(tmp / "tokens.bin", "wb") as tokens, open(tmp / "ids.txt", "w", encoding="utf-8") as ids:
+        writer = TokenWriter(tokens, tokenizer, max_length, doc_prefix)
         chunk: list[tuple[str, str]] = []
 
         def flush() -> None:
-            nonlocal offset
-            rows = tokenizer([doc_prefix + text for _, text in chunk], truncation=True,
-                             max_length=max_length)["input_ids"]
-            counts = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
-            tokens.write(np.concatenate([np.asarray(r, dtype=np.int32) for r in rows]).tobytes())
-            chars = np.fromiter((len(doc_prefix) + len(text) for _, text in chunk), dtype=np.int64, count=len(rows))
-            index.append(np.stack([offset + np.cumsum(counts) - counts, counts, chars], axis=1))
-            offset += int(counts.sum())
+            writer.write([text for _, text in chunk])
             ids.write("".join(json.dumps(doc_id) + "\n" for doc_id, _ in chunk))  # any id, line breaks too
             chunk.clear()
-            progress.update(sum(len(part) for part in index))
+            progress.update(writer.written)
 
         for _, doc_id, text in documents(anomalies):
             chunk.append((doc_id, text))
             hashes.append(_id_hash(doc_id))
             if len(chunk) == CHUNK:
                 flush()
-        if chunk:
-            flush()
+        flush()
     progress.finish(len(hashes))
     _check_unique(corpus_file, documents, np.frombuffer(hashes, dtype=np.int64))
-    np.save(tmp / "index.npy", np.concatenate(index) if index else np.empty((0, 3), dtype=np.int64))
+    np.save(tmp / "index.npy", writer.index())
     return len(hashes), anomalies
 
 

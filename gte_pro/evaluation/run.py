@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
 from lightning.pytorch import LightningDataModule
 from omegaconf import DictConfig, OmegaConf
 
@@ -24,7 +23,7 @@ from gte_pro.evaluation.report import HELD_OUT, merge_results, metrics_by_set, m
 from gte_pro.evaluation.sets import EvalDataModule, eval_set_specs, load_eval_sets
 from gte_pro.model import Encoder
 from gte_pro.utils.files import write_json_atomic, write_text_atomic
-from gte_pro.utils.timing import peak_rss_mb
+from gte_pro.utils.timing import peak_rss_mb_per_rank
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +62,7 @@ def evaluate(cfg: DictConfig) -> float | None:
     start = time.perf_counter()
     flat = merge_results(trainer.validate(module, datamodule=datamodule, verbose=False))
     seconds = time.perf_counter() - start
-    peaks = _peak_rss_per_rank()
+    peaks = peak_rss_mb_per_rank()
     if trainer.is_global_zero:
         write_eval_report(output_dir, cfg, encoder, _set_details(cfg, datamodule), flat, seconds,
                           trainer.world_size, peaks)
@@ -71,16 +70,6 @@ def evaluate(cfg: DictConfig) -> float | None:
     if metric and metric.count("/") == 1 and HELD_OUT not in metrics_by_set(flat):
         return None  # only named sets (eval.beir) were evaluated: there is no held-out val/<metric> to return
     return optimized_value(flat, metric)
-
-
-def _peak_rss_per_rank() -> list[float]:
-    """Each rank's peak resident memory in MB (collective under DDP): what a corpus costs a process."""
-    peak = peak_rss_mb()
-    if not (dist.is_available() and dist.is_initialized()):
-        return [peak]
-    peaks: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(peaks, peak)
-    return peaks
 
 
 def write_eval_report(output_dir: Path, cfg: DictConfig, encoder: Encoder, details: dict[str, dict[str, Any]],

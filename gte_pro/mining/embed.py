@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,53 +25,65 @@ from gte_pro.data.collate import EvalCollator
 from gte_pro.data.datasets import TokenizedTexts, longest_first
 from gte_pro.evaluation.metrics import all_gather_rows
 from gte_pro.mining.core import MinedNegatives, MiningOptions, mine_negatives
+from gte_pro.mining.corpus import MiningCorpus
 from gte_pro.model import Encoder
 from gte_pro.utils.progress import Progress
 
 log = logging.getLogger(__name__)
 
 def shard_batches(lengths: np.ndarray, chars: np.ndarray, batch_size: int, rank: int,
-                  world_size: int) -> list[list[int]]:
+                  world_size: int) -> list[np.ndarray]:
     """This rank's batches (text indices): all texts longest first (tokens, then characters), cut into batches,
-    dealt round-robin."""
-    order = longest_first(lengths, chars).tolist()
-    batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-    return batches[rank::world_size]
+    dealt round-robin. Arrays, not lists of Python ints: a 10M-document corpus would spend 36 bytes on each."""
+    order = longest_first(lengths, chars)
+    return [order[start : start + batch_size].copy()
+            for start in range(rank * batch_size, len(order), world_size * batch_size)]
 
 
 def embed_texts(encoder: Encoder, texts: Sequence[str], batch_size: int, max_length: int, rank: int = 0,
                 world_size: int = 1, autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext,
                 what: str = "texts") -> tuple[torch.Tensor, torch.Tensor]:
-    """(embeddings (n_local, d) float32 on the encoder's device, global indices (n_local,) into ``texts``) of this
-    rank's share. ``encoder``: a ``gte_pro.model.Encoder`` (its tokenizer and forward; prefixes are the caller's to
-    add). Inference mode, eval mode during the call (the previous mode is restored), each batch under
-    ``autocast()``, truncation at ``max_length``."""
+    """``embed_tokens`` of ``texts`` tokenized now (truncated at ``max_length``; prefixes are the caller's to
+    add)."""
+    return embed_tokens(encoder, TokenizedTexts(encoder.tokenizer, texts, max_length), batch_size, rank, world_size,
+                        autocast, what)
+
+
+def embed_tokens(encoder: Encoder, tokens: Any, batch_size: int, rank: int = 0, world_size: int = 1,
+                 autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext,
+                 what: str = "texts") -> tuple[torch.Tensor, torch.Tensor]:
+    """(embeddings (n_local, d) float32 on the encoder's device, global indices (n_local,)) of this rank's share of
+    ``tokens`` (``lengths``, ``chars`` and the token ids of each text by index, e.g. ``TokenizedTexts``). ``encoder``:
+    a ``gte_pro.model.Encoder``. Inference mode, eval mode during the call (the previous mode is restored), each
+    batch under ``autocast()``."""
     if batch_size < 1:
         raise ValueError(f"embed_texts: batch_size={batch_size} must be at least 1")
     collate = EvalCollator(encoder.tokenizer)
-    tokenized = TokenizedTexts(encoder.tokenizer, texts, max_length)
-    batches = shard_batches(tokenized.lengths, tokenized.chars, batch_size, rank, world_size)
+    batches = shard_batches(tokens.lengths, tokens.chars, batch_size, rank, world_size)
     device = next(encoder.parameters()).device
     share = f" (rank 0's share of {world_size} ranks)" if world_size > 1 else ""
-    progress = Progress(f"embedding {what}", sum(map(len, batches)), quiet=rank != 0, note=share)
-    parts, done, was_training = [], 0, encoder.training
+    count = sum(map(len, batches))
+    progress = Progress(f"embedding {what}", count, quiet=rank != 0, note=share)
+    # one buffer, filled batch by batch: a list of parts joined at the end would hold the shard twice
+    out = torch.empty(0, encoder.dim, device=device)
+    done, was_training = 0, encoder.training
     encoder.eval()
     try:
         with torch.inference_mode():
             for batch in batches:
-                features = collate([(i, tokenized[i]) for i in batch])["features"]
+                features = collate([(i, tokens[i]) for i in batch.tolist()])["features"]
                 with autocast():
                     embeddings = encoder(**{k: v.to(device) for k, v in features.items()})
-                parts.append(embeddings.float())
+                if not done:
+                    out = torch.empty(count, embeddings.shape[-1], device=device)
+                out[done : done + len(batch)] = embeddings.float()
                 done += len(batch)
                 progress.update(done)
     finally:
         encoder.train(was_training)
     progress.finish()
-    index = torch.tensor([i for batch in batches for i in batch], dtype=torch.long, device=device)
-    if not parts:  # a rank with no batch (fewer batches than ranks) still returns the right shape
-        return torch.empty(0, encoder.dim, device=device), index
-    return torch.cat(parts), index
+    index = torch.from_numpy(np.concatenate(batches) if batches else np.empty(0, dtype=np.int64)).to(device)
+    return out, index
 
 
 def gather_embeddings(embeddings: torch.Tensor, index: torch.Tensor, total: int) -> torch.Tensor:
@@ -86,6 +99,15 @@ def gather_embeddings(embeddings: torch.Tensor, index: torch.Tensor, total: int)
     return out
 
 
+def corpus_tokens(corpus: Sequence[str], encoder: Encoder, max_length: int) -> Any:
+    """The corpus's token ids with the encoder's doc prefix: a ``MiningCorpus`` gives them (its store's are read
+    from disk), plain texts are tokenized now."""
+    prefix = getattr(encoder, "doc_prefix", "")
+    if isinstance(corpus, MiningCorpus):
+        return corpus.tokens(encoder.tokenizer, max_length, prefix)
+    return TokenizedTexts(encoder.tokenizer, [prefix + d for d in corpus], max_length)
+
+
 def mine_texts(encoder: Encoder, queries: Sequence[str], corpus: Sequence[str], positives: Sequence[Sequence[int]],
                options: MiningOptions, batch_size: int, max_length: int, rank: int = 0, world_size: int = 1,
                autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext,
@@ -99,9 +121,8 @@ def mine_texts(encoder: Encoder, queries: Sequence[str], corpus: Sequence[str], 
     local, index = embed_texts(encoder, [prefix + q for q in queries], batch_size, max_length, rank, world_size,
                                autocast, "queries")
     query_emb = gather_embeddings(local, index, len(queries))
-    prefix = getattr(encoder, "doc_prefix", "")
-    corpus_emb, corpus_index = embed_texts(encoder, [prefix + d for d in corpus], batch_size, max_length, rank,
-                                           world_size, autocast, "corpus")
+    corpus_emb, corpus_index = embed_tokens(encoder, corpus_tokens(corpus, encoder, max_length), batch_size, rank,
+                                            world_size, autocast, "corpus")
     timings["embed_s"] = time.perf_counter() - start
     mined = mine_negatives(query_emb, corpus_emb, corpus_index, len(corpus), positives, options)
     timings["search_s"] = time.perf_counter() - start - timings["embed_s"]

@@ -1,22 +1,24 @@
 """What ``mode=mine`` mines over: the training rows' queries, and a corpus of their positives plus any extra corpus
-files (``mine.corpus_files``), de-duplicated so that a text identical to a row's positive is that positive."""
+files (``mine.corpus_files``, through a store on disk: ``gte_pro.mining.corpus``), de-duplicated so that a text
+identical to a row's positive is that positive."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gte_pro.data.records import MAX_TEXT_CHARS, DataError, Example, clean_text, iter_jsonl, type_name
+from gte_pro.data.records import DataError, Example
 from gte_pro.data.split import is_held_out
+from gte_pro.mining.corpus import MiningCorpus, TextStore
 
 
 @dataclass
 class MiningProblem:
     queries: list[str] = field(default_factory=list)  # distinct query texts
-    corpus: list[str] = field(default_factory=list)  # distinct documents
+    corpus: MiningCorpus = field(default_factory=MiningCorpus)  # distinct documents: positives, then the files'
     positives: list[list[int]] = field(default_factory=list)  # per query: corpus ids of every row's positives
     rows: list[tuple[int, list[int]]] = field(default_factory=list)  # per training row: (query, its positives)
     # validation rows split off the training source by the query hash: written back verbatim, so that training on
@@ -26,40 +28,17 @@ class MiningProblem:
 
     def doc_id(self, text: str, ids: dict[str, int]) -> int:
         if text not in ids:
-            ids[text] = len(self.corpus)
-            self.corpus.append(text)
+            ids[text] = len(self.corpus.texts)
+            self.corpus.texts.append(text)
         return ids[text]
 
 
-def _text_field(record: dict, key: str, where: str, required: bool) -> str:
-    value = record.get(key)
-    if value is None and not required:
-        return ""
-    if key not in record:
-        raise DataError(f"{where}: field '{key}' is missing (expected {{\"text\": ...}} or a BEIR corpus line "
-                        "{\"_id\", \"title\", \"text\"})")
-    if not isinstance(value, str):
-        raise DataError(f"{where}: field '{key}' must be a string, got {type_name(value)}")
-    return value
-
-
-def read_corpus_file(path: str | Path) -> Iterator[str]:
-    """The documents of a JSON-lines corpus file: {"text"} or BEIR's {"_id", "title", "text"}, joined as BEIR
-    evaluation joins them (``title + " " + text``, see ``gte_pro.data.beir``). Errors name the file, line, field."""
-    for line_no, record in iter_jsonl(path):
-        where = f"{path}, line {line_no}"
-        if not isinstance(record, dict):
-            raise DataError(f"{where}: expected a JSON object, got {type_name(record)}")
-        title = _text_field(record, "title", where, required=False)
-        text = _text_field(record, "text", where, required=True)
-        yield f"{title} {text}".strip() if title else text
-
-
-def build_problem(rows: Iterable[Example], corpus_files: Sequence[str | Path] = (), min_doc_chars: int = 0,
+def build_problem(rows: Iterable[Example], store: TextStore | None = None, min_doc_chars: int = 0,
                   held_out: Sequence[Example] = ()) -> MiningProblem:
-    """Queries (a text repeated over rows is one query with the union of their positives) and the corpus.
+    """Queries (a text repeated over rows is one query with the union of their positives) and the corpus: the
+    positives, then the distinct texts of ``store`` (the corpus files) that are not one of them.
 
-    Corpus-file texts are cleaned like training texts (``clean_text``, cut at MAX_TEXT_CHARS); those shorter than
+    Corpus-file texts were cleaned like training texts (``clean_text``, cut at MAX_TEXT_CHARS); those shorter than
     ``min_doc_chars`` are left out (training would drop them as negatives) and counted."""
     problem, docs, queries = MiningProblem(held_out=list(held_out)), {}, {}
     for row in rows:
@@ -74,16 +53,8 @@ def build_problem(rows: Iterable[Example], corpus_files: Sequence[str | Path] = 
     if not problem.rows:
         raise DataError("mode=mine: the data module gave no training rows to mine negatives for")
     problem.counts["corpus from training positives"] = len(problem.corpus)
-    for path in corpus_files:
-        for raw in read_corpus_file(path):
-            text = clean_text(raw[:MAX_TEXT_CHARS])
-            if len(text) < max(min_doc_chars, 1):
-                problem.counts[f"corpus-file texts shorter than {max(min_doc_chars, 1)} chars left out"] += 1
-                continue
-            before = len(problem.corpus)
-            problem.doc_id(text, docs)
-            problem.counts["corpus-file texts added" if len(problem.corpus) > before else
-                           "corpus-file texts already in the corpus"] += 1
+    if store is not None:
+        problem.corpus.attach(store, min_doc_chars, problem.counts)
     return problem
 
 

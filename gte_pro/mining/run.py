@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +30,12 @@ from torch.utils.data import DataLoader
 
 from gte_pro.builders import build_datamodule, build_encoder, build_trainer, seed_and_precision
 from gte_pro.mining.core import MinedNegatives, MiningOptions, mining_options
+from gte_pro.mining.corpus import TextStore, open_text_store
 from gte_pro.mining.embed import mine_texts
 from gte_pro.mining.problem import MiningProblem, build_problem, corpus_files_setting, hash_held_out_rows
 from gte_pro.mining.report import write_mine_outputs
 from gte_pro.model import Encoder
+from gte_pro.utils.timing import peak_rss_mb_per_rank
 
 log = logging.getLogger(__name__)
 
@@ -39,24 +43,28 @@ log = logging.getLogger(__name__)
 class MiningData(LightningDataModule):
     """The configured data module's training rows plus the corpus files, as a MiningProblem on every rank.
 
-    Lightning calls ``prepare_data`` on local rank 0 only (the data module's token cache is built once, as in
-    training) and ``setup`` on every rank after it. The one placeholder validation batch per rank only makes
-    Lightning run the module's validation hooks, where the mining happens."""
+    Lightning calls ``prepare_data`` on local rank 0 only (the data module's token cache and the corpus files'
+    store are built once, as in training) and ``setup`` on every rank after it. The one placeholder validation
+    batch per rank only makes Lightning run the module's validation hooks, where the mining happens."""
 
-    def __init__(self, source: Any, corpus_files: list[str], min_doc_chars: int) -> None:
+    def __init__(self, source: Any, open_store: Callable[[], TextStore] | None, min_doc_chars: int) -> None:
         super().__init__()
         self.source = source
-        self.corpus_files = corpus_files
+        self.open_store = open_store  # the corpus files' store (built if there is none); None without files
         self.min_doc_chars = min_doc_chars
         self.problem: MiningProblem | None = None
 
+    def corpus_store(self) -> TextStore | None:
+        return self.open_store() if self.open_store is not None else None
+
     def prepare_data(self) -> None:
         self.source.prepare_data()
+        self.corpus_store()
 
     def setup(self, stage: str | None = None) -> None:
         if self.problem is None:
             self.source.setup(stage)
-            self.problem = build_problem(self.source.train_rows, self.corpus_files, self.min_doc_chars,
+            self.problem = build_problem(self.source.train_rows, self.corpus_store(), self.min_doc_chars,
                                          hash_held_out_rows(self.source))
             log.info("mining: %d rows, %d distinct queries, a corpus of %d documents", len(self.problem.rows),
                      len(self.problem.queries), len(self.problem.corpus))
@@ -98,12 +106,16 @@ def mine(cfg: DictConfig) -> None:
     output = Path(cfg.mine.output).expanduser() if cfg.mine.get("output") else output_dir / "mined.jsonl"
     encoder = build_encoder(cfg)
     source = build_datamodule(cfg, encoder.tokenizer, encoder.query_prefix, encoder.doc_prefix)
-    data = MiningData(source, corpus_files, int(getattr(source, "min_doc_chars", 0) or 0))
+    cache_dir = OmegaConf.select(cfg, "paths.cache_dir", default=None) or "~/.cache/gte_pro"
+    open_store = partial(open_text_store, corpus_files, encoder.tokenizer, int(cfg.mine.max_length),
+                         encoder.doc_prefix, cache_dir) if corpus_files else None
+    data = MiningData(source, open_store, int(getattr(source, "min_doc_chars", 0) or 0))
     module = MiningModule(encoder, options, int(cfg.mine.batch_size), int(cfg.mine.max_length))
     trainer = build_trainer(cfg, callbacks=[], loggers=[])  # nothing is trained: no checkpoints, no loggers
     start = time.perf_counter()
     trainer.validate(module, datamodule=data, verbose=False)
     seconds = time.perf_counter() - start
+    peaks = peak_rss_mb_per_rank()
     if trainer.is_global_zero:
         assert data.problem is not None and module.mined is not None
         texts = len(data.problem.queries) + len(data.problem.corpus)
@@ -112,5 +124,6 @@ def mine(cfg: DictConfig) -> None:
                    "corpus_files": corpus_files, "batch_size": module.batch_size, "max_length": module.max_length,
                    "val_fraction": getattr(source, "val_fraction", None),
                    "seconds": round(seconds, 3), "texts_per_s": round(texts / max(seconds, 1e-9), 1),
+                   "peak_rss_mb_per_rank": [round(mb, 1) for mb in peaks],
                    **{name: round(value, 3) for name, value in module.timings.items()}}
         write_mine_outputs(output, output_dir, data.problem, module.mined, details)

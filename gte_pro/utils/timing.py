@@ -10,6 +10,7 @@ import resource
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 _first_job_in_process = True
 
@@ -27,6 +28,19 @@ def peak_rss_mb() -> float:
     """This process's peak resident memory so far, in MB (ru_maxrss is in kB on Linux, bytes on macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+def peak_rss_mb_per_rank() -> list[float]:
+    """Each rank's peak resident memory in MB (collective under torch.distributed): what a corpus costs a
+    process."""
+    import torch.distributed as dist
+
+    peak = peak_rss_mb()
+    if not (dist.is_available() and dist.is_initialized()):
+        return [peak]
+    peaks: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(peaks, peak)
+    return peaks
 
 
 class PhaseTimes:

@@ -1,0 +1,294 @@
+"""The corpus that ``mode=mine`` searches: the training rows' positives (in memory, like the rows themselves) and the
+documents of ``mine.corpus_files``, which are streamed once into a store on disk and never held whole.
+
+A store lives in ``<cache_dir>/mining_corpora/<key>/``; the key hashes everything its token ids depend on (each
+file's path, size and time, the tokenizer, ``max_length``, the doc prefix), so an edited file or another model
+builds a new one. It is built in a temporary folder and renamed into place. Per line of the files, in file order:
+
+- ``tokens.bin`` + ``index.npy``: the token ids of prefix + cleaned text, as an evaluation corpus store
+  (``gte_pro.data.corpus_store``: offset, token count, characters), read with positioned reads;
+- ``texts.bin`` + ``texts.npy``: the cleaned texts in UTF-8, back to back, and each one's (byte offset, byte count):
+  the mined file's negatives are read back from here, one positioned read each;
+- ``distinct.npy``: the lines that hold a text's first occurrence, with ``hashes.npy`` (the 8-byte hash of their
+  text) and ``occurrences.npy`` (how many lines hold it). Duplicates are found by sorting hashes, not with a set of
+  texts, and each one is confirmed by comparing the two texts, so a hash collision cannot merge two documents.
+
+A run opens the store on every rank: 24 bytes a line for the token index, 24 a distinct text for matching and
+counting, and the documents it embeds are read from disk as its batches need them.
+"""
+
+from __future__ import annotations
+
+import array
+import hashlib
+import json
+import logging
+import os
+import shutil
+import weakref
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+from gte_pro.data.cache import cache_key, file_signature, publish, temporary_folder, tokenizer_fingerprint
+from gte_pro.data.corpus_store import CHUNK, CorpusStore, TokenWriter
+from gte_pro.data.datasets import TokenizedTexts
+from gte_pro.data.records import MAX_TEXT_CHARS, DataError, clean_text, iter_jsonl, type_name
+from gte_pro.utils.progress import Progress
+
+log = logging.getLogger(__name__)
+
+
+def _text_field(record: dict, key: str, where: str, required: bool) -> str:
+    value = record.get(key)
+    if value is None and not required:
+        return ""
+    if key not in record:
+        raise DataError(f"{where}: field '{key}' is missing (expected {{\"text\": ...}} or a BEIR corpus line "
+                        "{\"_id\", \"title\", \"text\"})")
+    if not isinstance(value, str):
+        raise DataError(f"{where}: field '{key}' must be a string, got {type_name(value)}")
+    return value
+
+
+def read_corpus_file(path: str | Path) -> Iterator[str]:
+    """The documents of a JSON-lines corpus file: {"text"} or BEIR's {"_id", "title", "text"}, joined as BEIR
+    evaluation joins them (``title + " " + text``, see ``gte_pro.data.beir``). Errors name the file, line, field."""
+    for line_no, record in iter_jsonl(path):
+        where = f"{path}, line {line_no}"
+        if not isinstance(record, dict):
+            raise DataError(f"{where}: expected a JSON object, got {type_name(record)}")
+        title = _text_field(record, "title", where, required=False)
+        text = _text_field(record, "text", where, required=True)
+        yield f"{title} {text}".strip() if title else text
+
+
+def text_hash(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
+
+
+class TextStore(CorpusStore):
+    """An opened mining store: the token ids of each line (``CorpusStore``), its text, and the distinct texts."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(folder)
+        self.text_spans = np.load(folder / "texts.npy", mmap_mode="r")  # read a row at a time: not held
+        self.distinct = np.load(folder / "distinct.npy")
+        self.hashes = np.load(folder / "hashes.npy")
+        self.occurrences = np.load(folder / "occurrences.npy")
+        self._text_fd: int | None = None
+
+    def text(self, line: int) -> str:
+        """The cleaned text of ``line``: one positioned read, nothing kept."""
+        if self._text_fd is None:
+            self._text_fd = os.open(self.folder / "texts.bin", os.O_RDONLY)
+            weakref.finalize(self, os.close, self._text_fd)
+        offset, size = (int(v) for v in self.text_spans[line])
+        return os.pread(self._text_fd, size, offset).decode("utf-8")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "_text_fd": None}
+
+    def lines_of(self, texts: Sequence[str]) -> dict[int, int]:
+        """{distinct line: index into ``texts``} for each of ``texts`` that the store holds."""
+        order = np.argsort(self.hashes, kind="stable")
+        sorted_hashes = self.hashes[order]
+        found: dict[int, int] = {}
+        for i, text in enumerate(texts):
+            h = text_hash(text)
+            k = int(np.searchsorted(sorted_hashes, h))
+            while k < len(order) and sorted_hashes[k] == h:  # a collision leaves several candidates: compare texts
+                line = int(self.distinct[order[k]])
+                if self.text(line) == text:
+                    found[line] = i
+                    break
+                k += 1
+        return found
+
+
+def store_folder(files: Sequence[str | Path], tokenizer: PreTrainedTokenizerBase, max_length: int, doc_prefix: str,
+                 cache_dir: str | Path) -> Path:
+    key = cache_key({"mining_corpus": file_signature(*files), "tokenizer": tokenizer_fingerprint(tokenizer),
+                     "max_length": max_length, "doc_prefix": doc_prefix, "store": 1})
+    return Path(cache_dir).expanduser() / "mining_corpora" / key
+
+
+def open_text_store(files: Sequence[str | Path], tokenizer: PreTrainedTokenizerBase, max_length: int,
+                    doc_prefix: str, cache_dir: str | Path) -> TextStore:
+    """The store of ``files`` for this tokenizer and settings, built if there is none."""
+    for path in files:
+        if not Path(path).is_file():
+            raise DataError(f"mine.corpus_files: {path}: file not found")
+    folder = store_folder(files, tokenizer, max_length, doc_prefix, cache_dir)
+    if not (folder / "meta.json").is_file():
+        build_text_store(files, folder, tokenizer, max_length, doc_prefix)
+    return TextStore(folder)
+
+
+def build_text_store(files: Sequence[str | Path], folder: Path, tokenizer: PreTrainedTokenizerBase, max_length: int,
+                     doc_prefix: str = "") -> None:
+    log.info("mining corpus: tokenizing %s into %s", ", ".join(map(str, files)), folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_folder(folder)
+    try:
+        lines_per_file = _write_lines(files, tmp, tokenizer, max_length, doc_prefix)
+        if not sum(lines_per_file):
+            raise DataError(f"mine.corpus_files: {', '.join(map(str, files))}: no documents")
+        distinct = _find_distinct(tmp)
+        meta = {"lines": sum(lines_per_file), "distinct": distinct, "files": [str(f) for f in files],
+                "lines_per_file": lines_per_file, "max_length": max_length, "doc_prefix": doc_prefix}
+        (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+        publish(tmp, folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _write_lines(files: Sequence[str | Path], tmp: Path, tokenizer: PreTrainedTokenizerBase, max_length: int,
+                 doc_prefix: str) -> list[int]:
+    """Clean, hash, write and tokenize every line of ``files`` (one chunk of texts in memory at a time)."""
+    hashes, spans = array.array("q"), array.array("q")  # 8 bytes a number, not a Python int each
+    progress = Progress("tokenizing the mining corpus", None, unit="documents")
+    lines_per_file, offset = [], 0
+    with open(tmp / "tokens.bin", "wb") as tokens, open(tmp / "texts.bin", "wb") as texts:
+        writer = TokenWriter(tokens, tokenizer, max_length, doc_prefix)
+        chunk: list[str] = []
+        for path in files:
+            before = len(hashes)
+            for raw in read_corpus_file(path):
+                text = clean_text(raw[:MAX_TEXT_CHARS])  # as training texts are cleaned
+                encoded = text.encode("utf-8")
+                texts.write(encoded)
+                spans.extend((offset, len(encoded)))
+                offset += len(encoded)
+                hashes.append(text_hash(text))
+                chunk.append(text)
+                if len(chunk) == CHUNK:
+                    writer.write(chunk)
+                    chunk.clear()
+                    progress.update(writer.written)
+            lines_per_file.append(len(hashes) - before)
+        writer.write(chunk)
+    progress.finish(len(hashes))
+    np.save(tmp / "index.npy", writer.index())
+    np.save(tmp / "texts.npy", np.frombuffer(spans, dtype=np.int64).reshape(-1, 2))
+    np.save(tmp / "line_hashes.npy", np.frombuffer(hashes, dtype=np.int64))
+    return lines_per_file
+
+
+def _find_distinct(tmp: Path) -> int:
+    """Write ``distinct.npy``, ``hashes.npy`` and ``occurrences.npy`` from the lines' hashes (see the module doc);
+    the number of distinct texts."""
+    line_hashes = np.load(tmp / "line_hashes.npy")
+    order = np.argsort(line_hashes, kind="stable")  # equal hashes: lines in file order
+    sorted_hashes = line_hashes[order]
+    starts = np.flatnonzero(np.r_[True, sorted_hashes[1:] != sorted_hashes[:-1]])
+    first = order[starts].copy()  # per hash, its first line
+    owner = np.repeat(first, np.diff(np.r_[starts, len(order)]))  # per sorted position, the first line of its hash
+    repeated = np.flatnonzero(order != owner)
+    if len(repeated):
+        owner = _confirm_duplicates(tmp, order, owner, repeated)
+    is_first = owner == order
+    distinct = np.sort(order[is_first])
+    occurrences = np.bincount(np.searchsorted(distinct, owner), minlength=len(distinct)).astype(np.int64)
+    np.save(tmp / "distinct.npy", distinct)
+    np.save(tmp / "hashes.npy", line_hashes[distinct])
+    np.save(tmp / "occurrences.npy", occurrences)
+    (tmp / "line_hashes.npy").unlink()
+    return len(distinct)
+
+
+def _confirm_duplicates(tmp: Path, order: np.ndarray, owner: np.ndarray, repeated: np.ndarray) -> np.ndarray:
+    """``owner`` with each repeated hash checked by its text: a line whose text differs from its hash's first line
+    (a collision) becomes the first of its own text."""
+    spans = np.load(tmp / "texts.npy", mmap_mode="r")
+    owner = owner.copy()
+    with open(tmp / "texts.bin", "rb") as handle:
+        def text(line: int) -> bytes:
+            offset, size = (int(v) for v in spans[line])
+            return os.pread(handle.fileno(), size, offset)
+
+        first_of: dict[bytes, int] = {}
+        for position in repeated.tolist():
+            line, head = int(order[position]), int(owner[position])
+            content = text(line)
+            if content == text(head):
+                continue
+            first_of.setdefault(content, line)  # sorted positions keep file order within a hash
+            owner[position] = first_of[content]
+    return owner
+
+
+class JoinedTokens:
+    """Token ids of the mining corpus, ids in corpus order: the positives (tokenized now), then the store's lines
+    ``rows``. ``lengths`` and ``chars`` as ``TokenizedTexts`` (what the longest-first batching sorts by)."""
+
+    def __init__(self, head: TokenizedTexts, store: TextStore, rows: np.ndarray) -> None:
+        self.head, self.store, self.rows = head, store, rows
+        self.lengths = np.concatenate([head.lengths, store.lengths[rows]])
+        self.chars = np.concatenate([head.chars, store.chars[rows]])
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        if index < len(self.head):
+            return self.head[index]
+        return self.store[int(self.rows[index - len(self.head)])]
+
+
+class MiningCorpus(Sequence):
+    """The documents mined over, by corpus id: ``texts`` (held: the training positives), then the lines ``rows``
+    of a ``TextStore`` (read from disk when asked for)."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.store: TextStore | None = None
+        self.rows = np.empty(0, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.texts) + len(self.rows)
+
+    def __getitem__(self, index: Any) -> str:
+        if not isinstance(index, (int, np.integer)):
+            raise TypeError(f"MiningCorpus indices are integers, got {type(index).__name__}")
+        index = int(index) + len(self) if index < 0 else int(index)
+        if not 0 <= index < len(self):
+            raise IndexError(f"corpus id {index} out of range (0..{len(self) - 1})")
+        if index < len(self.texts):
+            return self.texts[index]
+        assert self.store is not None
+        return self.store.text(int(self.rows[index - len(self.texts)]))
+
+    def attach(self, store: TextStore, min_doc_chars: int, counts: Counter) -> None:
+        """Add the store's distinct texts that are long enough and not one of ``texts``; count what each line of
+        the files became, as if read one by one (a short text is left out, a repeat is already in the corpus)."""
+        shortest = max(min_doc_chars, 1)
+        long_enough = store.chars[store.distinct] - len(store.meta["doc_prefix"]) >= shortest
+        known = np.zeros(len(store.distinct), dtype=bool)
+        known[np.searchsorted(store.distinct, np.fromiter(store.lines_of(self.texts), dtype=np.int64))] = True
+        added = long_enough & ~known
+        self.store, self.rows = store, store.distinct[added]
+        if (~long_enough).any():
+            counts[f"corpus-file texts shorter than {shortest} chars left out"] += int(
+                store.occurrences[~long_enough].sum())
+        if added.any():
+            counts["corpus-file texts added"] += int(added.sum())
+        repeats = int(store.occurrences[long_enough].sum()) - int(added.sum())
+        if repeats:
+            counts["corpus-file texts already in the corpus"] += repeats
+
+    def tokens(self, tokenizer: PreTrainedTokenizerBase, max_length: int, doc_prefix: str) -> Any:
+        """Token ids of every document with ``doc_prefix``, truncated at ``max_length``: ``TokenizedTexts`` of
+        the held texts, joined with the store's when there is one (built with the same settings)."""
+        head = TokenizedTexts(tokenizer, [doc_prefix + text for text in self.texts], max_length)
+        if self.store is None:
+            return head
+        settings = (self.store.meta["max_length"], self.store.meta["doc_prefix"])
+        if settings != (max_length, doc_prefix):
+            raise ValueError(f"{self.store.folder}: tokenized with max_length={settings[0]}, doc prefix "
+                             f"{settings[1]!r}; this mining uses {max_length}, {doc_prefix!r}")
+        return JoinedTokens(head, self.store, self.rows)
