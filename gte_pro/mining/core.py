@@ -110,10 +110,17 @@ def mining_options(cfg_node: Any, seed: int, where: str = "mine") -> MiningOptio
 _PAIR_BLOCK = 1 << 20  # products per block of pair scoring: cache-sized blocks are ~5x faster than large ones
 
 
-def unit_rows(x: torch.Tensor) -> torch.Tensor:
-    """Rows scaled to length 1, float32; each row's norm is a sum over that row alone (the same in any batch)."""
+def unit_rows(x: torch.Tensor, in_place: bool = False) -> torch.Tensor:
+    """Rows scaled to length 1, float32; each row's norm is a sum over that row alone (the same in any batch).
+    A block of rows at a time, into ``x`` itself with ``in_place`` (a float32 ``x``): no full-size temporary."""
     x = x.float()
-    return x * (x * x).sum(-1, keepdim=True).sqrt().clamp_min(1e-12).reciprocal()
+    out = x if in_place else torch.empty_like(x)
+    step = max(1, (1 << 22) // max(x.shape[-1], 1))
+    for start in range(0, x.shape[0], step):
+        part = x[start : start + step]
+        torch.mul(part, (part * part).sum(-1, keepdim=True).sqrt().clamp_min(1e-12).reciprocal(),
+                  out=out[start : start + step])
+    return out
 
 
 def pair_scores(q: torch.Tensor, c: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
@@ -255,12 +262,14 @@ def _positive_pairs(positives: Sequence[Sequence[int]], num_corpus: int, device:
 
 
 def mine_negatives(query_emb: torch.Tensor, corpus_emb: torch.Tensor, corpus_index: torch.Tensor, num_corpus: int,
-                   positives: Sequence[Sequence[int]], options: MiningOptions) -> MinedNegatives:
+                   positives: Sequence[Sequence[int]], options: MiningOptions,
+                   overwrite_corpus: bool = False) -> MinedNegatives:
     """Mine negatives for every query (see the module doc). ``query_emb`` (Q, d): all queries, the same on every
     rank; ``corpus_emb`` (n_local, d): this rank's shard, whose global ids are ``corpus_index``; ``positives[q]``:
     corpus ids never returned for query q. Collective under torch.distributed: every rank calls it and gets the
     same result. Memory: the score blocks stay under ``options.max_scores_per_chunk`` entries, plus Q x
-    (range_max + most positives of a query + 16) candidates per rank."""
+    (range_max + most positives of a query + 16) candidates per rank; ``overwrite_corpus``: ``corpus_emb`` (float32,
+    on the queries' device) is scaled in place instead of copied."""
     _check_inputs(query_emb, corpus_emb, corpus_index, num_corpus, positives)
     if query_emb.shape[0] == 0:  # the same on every rank (all queries are everywhere): no collective to skip
         empty = torch.empty(0, options.num_negatives)
@@ -271,7 +280,7 @@ def mine_negatives(query_emb: torch.Tensor, corpus_emb: torch.Tensor, corpus_ind
     width = min(options.range_max + most_positives, num_corpus)
     columns = min(width + _TIE_SPARE, num_corpus)  # the same on every rank: the gathered shapes must agree
     with torch.no_grad(), torch.autocast(device.type, enabled=False):  # scores in float32, never in bf16/fp16
-        q, c = unit_rows(query_emb), unit_rows(corpus_emb.to(device))
+        q, c = unit_rows(query_emb), unit_rows(corpus_emb.to(device), in_place=overwrite_corpus)
         local_of = torch.full((num_corpus,), -1, dtype=torch.long, device=device)
         local_of[corpus_index.to(device)] = torch.arange(c.shape[0], device=device)
         positive_scores = _positive_scores(q, c, local_of, pairs, budget)

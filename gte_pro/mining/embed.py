@@ -64,8 +64,9 @@ def embed_tokens(encoder: Encoder, tokens: Any, batch_size: int, rank: int = 0, 
     share = f" (rank 0's share of {world_size} ranks)" if world_size > 1 else ""
     count = sum(map(len, batches))
     progress = Progress(f"embedding {what}", count, quiet=rank != 0, note=share)
-    # one buffer, filled batch by batch: a list of parts joined at the end would hold the shard twice
-    out = torch.empty(0, encoder.dim, device=device)
+    # one buffer, filled batch by batch: a list of parts joined at the end would hold the shard twice. Made
+    # outside inference mode, so that the search may scale it in place
+    out = torch.empty(count, encoder.dim, device=device)
     done, was_training = 0, encoder.training
     encoder.eval()
     try:
@@ -74,8 +75,6 @@ def embed_tokens(encoder: Encoder, tokens: Any, batch_size: int, rank: int = 0, 
                 features = collate([(i, tokens[i]) for i in batch.tolist()])["features"]
                 with autocast():
                     embeddings = encoder(**{k: v.to(device) for k, v in features.items()})
-                if not done:
-                    out = torch.empty(count, embeddings.shape[-1], device=device)
                 out[done : done + len(batch)] = embeddings.float()
                 done += len(batch)
                 progress.update(done)
@@ -124,6 +123,7 @@ def mine_texts(encoder: Encoder, queries: Sequence[str], corpus: Sequence[str], 
     corpus_emb, corpus_index = embed_tokens(encoder, corpus_tokens(corpus, encoder, max_length), batch_size, rank,
                                             world_size, autocast, "corpus")
     timings["embed_s"] = time.perf_counter() - start
-    mined = mine_negatives(query_emb, corpus_emb, corpus_index, len(corpus), positives, options)
+    # the shard is ours: scaled to unit rows in place, not copied (the largest array of the run)
+    mined = mine_negatives(query_emb, corpus_emb, corpus_index, len(corpus), positives, options, overwrite_corpus=True)
     timings["search_s"] = time.perf_counter() - start - timings["embed_s"]
     return mined
