@@ -42,7 +42,8 @@ def test_a_run_with_the_head_exports_it_everywhere_verified(make_cfg, tmp_path: 
                                                                 "Normalize"]
     assert json.loads((run / "model" / "2_Dense" / "config.json").read_text())["activation_function"].endswith("ReLU")
     model = SentenceTransformer(str(run / "model"), device="cpu")
-    dimension = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension  # renamed in 5.x
+    # renamed get_embedding_dimension in recent releases; older ones (>= 3.0 is allowed) have only the old name
+    dimension = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
     assert dimension() == 16
     module = ContrastiveModule.load_from_checkpoint(metrics["best_checkpoint"])
     assert module.encoder.dim == 16 and module.encoder.hidden_dim == 64
