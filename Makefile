@@ -76,8 +76,8 @@ bench-negatives: install
 bench-options: install
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_options.py $(ARGS)
 
-# peak RSS of mode=eval on synthetic 100k / 1M-document BEIR corpora, 1 and 2 ranks (corpus store on disk)
-# make bench-eval-memory ARGS="--docs 100000,1000000 --ranks 1,2 --baseline /tmp/old_tree"
+# peak RSS of mode=eval (or mode=mine with --mode mine) on synthetic 100k / 1M-document corpora, 1 and 2 ranks
+# (corpus store on disk); make bench-eval-memory ARGS="--mode mine --docs 100000,1000000 --baseline /tmp/old_tree"
 bench-eval-memory: install
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_eval_memory.py $(ARGS)
 
