@@ -243,3 +243,58 @@ def test_a_demo_cache_that_cannot_be_written_leaves_none(tmp_path, monkeypatch):
     with pytest.raises(WriteError, match=rf"could not write {cache_dir}/demo_stdlib_py\d+_\w+\.json: No space left"):
         demo.load_demo_splits(cache_dir, max_distractors=7)
     assert snapshot(cache_dir) == before
+
+
+class _FillsAfter:
+    """``open`` for files.CheckedSink on a disk with ``room`` bytes left: the write that passes it fails."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+
+    def __call__(self, path: Path, mode: str) -> Any:
+        handle, opener = open(path, mode), self  # noqa: SIM115 - closed by the sink
+
+        class Handle:
+            def write(self, data: bytes) -> int:
+                opener.room -= len(data)
+                if opener.room < 0:
+                    full_disk()
+                return handle.write(data)
+
+            def close(self) -> None:
+                handle.close()
+
+        return Handle()
+
+
+@pytest.mark.parametrize("kind", ["evaluation", "mining"])
+def test_a_corpus_store_that_fills_the_disk_is_not_published_and_names_the_file(tmp_path, tokenizer, monkeypatch,
+                                                                                 kind):
+    from functools import partial
+
+    from gte_pro.data import corpus_store
+    from gte_pro.data.beir import iter_beir_documents
+    from gte_pro.mining import corpus as mining_corpus
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(f'{{"_id": "d{j}", "text": "document number {j} of the corpus"}}\n' for j in range(40)))
+    cache = tmp_path / "cache"
+
+    def build() -> Path:
+        if kind == "mining":
+            return mining_corpus.open_text_store([corpus], tokenizer, 16, "", cache).folder
+        return corpus_store.open_corpus_store(corpus, partial(iter_beir_documents, corpus), tokenizer, 16, "",
+                                              cache).folder
+
+    monkeypatch.setattr(corpus_store, "CHUNK", 8)
+    monkeypatch.setattr(mining_corpus, "CHUNK", 8)
+    monkeypatch.setattr(files, "open", _FillsAfter(600), raising=False)  # a few chunks, then a full disk
+    with pytest.raises(WriteError) as error:
+        build()
+    first_file = "texts.bin" if kind == "mining" else "tokens.bin"
+    assert str(error.value).startswith(f"could not write {cache}/") and str(error.value).endswith(
+        f".tmp{os.getpid()}/{first_file}: {FULL}")
+    assert [p for p in cache.rglob("*") if p.is_file() or p.name.count(".tmp")] == []  # nothing published or left
+    monkeypatch.undo()
+    folder = build()  # the next run builds it
+    assert (folder / "meta.json").is_file() and folder.parent.parent == cache

@@ -30,7 +30,7 @@ import pyarrow as pa
 from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.records import Example
-from gte_pro.utils.files import fsync_tree, make_folder, temporary_sibling, write_error
+from gte_pro.utils.files import fsync_tree, make_folder, temporary_sibling, write_error, writes_to
 from gte_pro.utils.progress import Progress
 
 # 2: texts are cut at 100,000 characters when cleaned (gte_pro.data.records): older caches are rebuilt
@@ -114,19 +114,19 @@ def write_tokenized(rows: Iterable[Example], path: Path, tokenizer: PreTrainedTo
     """
     tokenize = _Tokenize(tokenizer, max_length)
     progress = Progress("tokenizing", unit="rows")
-    with _writing(path):
+    with writes_to(path):
         sink = pa.OSFile(str(path), "wb")
     count = 0
     try:
-        with _writing(path):
+        with writes_to(path):
             writer = pa.ipc.new_stream(sink, SCHEMA)
         for chunk in _chunks(rows, chunk_size):
             batch = _record_batch(chunk, tokenize, query_prefix, doc_prefix)
-            with _writing(path):
+            with writes_to(path):
                 writer.write_batch(batch)
             count += len(chunk)
             progress.update(count)
-        with _writing(path):
+        with writes_to(path):
             writer.close()
             sink.close()
         progress.finish(count)
@@ -135,15 +135,6 @@ def write_tokenized(rows: Iterable[Example], path: Path, tokenizer: PreTrainedTo
             with contextlib.suppress(OSError):
                 sink.close()
     return count
-
-
-@contextlib.contextmanager
-def _writing(path: Path) -> Iterator[None]:
-    """OS errors of the Arrow writer as a ``WriteError`` that says which file and why."""
-    try:
-        yield
-    except OSError as error:
-        raise write_error(path, error) from error
 
 
 def _record_batch(chunk: list[Example], tokenize: _Tokenize, query_prefix: str, doc_prefix: str) -> pa.RecordBatch:

@@ -45,6 +45,7 @@ from gte_pro.data.beir import (
 )
 from gte_pro.data.cache import cache_key, file_signature, publish, temporary_folder, tokenizer_fingerprint
 from gte_pro.data.records import DataError
+from gte_pro.utils.files import CheckedSink, writes_to
 from gte_pro.utils.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -153,17 +154,23 @@ def build_corpus_store(corpus_file: Path, documents: Documents, folder: Path, to
             raise DataError(f"{corpus_file}: no documents")
         meta = {"documents": count, "anomalies": dict(anomalies), "corpus": str(corpus_file),
                 "max_length": max_length, "doc_prefix": doc_prefix}
-        (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+        with writes_to(tmp / "meta.json"):
+            (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
         publish(tmp, folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_array(path: Path, values: np.ndarray) -> None:
+    with writes_to(path):
+        np.save(path, values)
 
 
 class TokenWriter:
     """Tokenizes documents a chunk at a time into an open ``tokens.bin`` and keeps their index rows (offset in
     tokens, token count, characters with the prefix): what a store's ``index.npy`` holds."""
 
-    def __init__(self, tokens: Any, tokenizer: PreTrainedTokenizerBase, max_length: int, prefix: str) -> None:
+    def __init__(self, tokens: CheckedSink, tokenizer: PreTrainedTokenizerBase, max_length: int, prefix: str) -> None:
         self.tokens, self.tokenizer, self.max_length, self.prefix = tokens, tokenizer, max_length, prefix
         self.parts: list[np.ndarray] = []
         self.offset = 0
@@ -192,13 +199,13 @@ def _write_store(corpus_file: Path, documents: Documents, tmp: Path, tokenizer: 
     anomalies: Counter = Counter()
     hashes = array.array("q")  # 8 bytes a document, not a Python int each
     progress = Progress("tokenizing documents", None, unit="documents")
-    with open(tmp / "tokens.bin", "wb") as tokens, open(tmp / "ids.txt", "w", encoding="utf-8") as ids:
+    with CheckedSink(tmp / "tokens.bin") as tokens, CheckedSink(tmp / "ids.txt") as ids:
         writer = TokenWriter(tokens, tokenizer, max_length, doc_prefix)
         chunk: list[tuple[str, str]] = []
 
         def flush() -> None:
             writer.write([text for _, text in chunk])
-            ids.write("".join(json.dumps(doc_id) + "\n" for doc_id, _ in chunk))  # any id, line breaks too
+            ids.write("".join(json.dumps(doc_id) + "\n" for doc_id, _ in chunk).encode())  # any id, line breaks too
             chunk.clear()
             progress.update(writer.written)
 
@@ -210,7 +217,7 @@ def _write_store(corpus_file: Path, documents: Documents, tmp: Path, tokenizer: 
         flush()
     progress.finish(len(hashes))
     _check_unique(corpus_file, documents, np.frombuffer(hashes, dtype=np.int64))
-    np.save(tmp / "index.npy", writer.index())
+    save_array(tmp / "index.npy", writer.index())
     return len(hashes), anomalies
 
 

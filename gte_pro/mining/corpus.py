@@ -35,9 +35,10 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.cache import cache_key, file_signature, publish, temporary_folder, tokenizer_fingerprint
-from gte_pro.data.corpus_store import CHUNK, CorpusStore, TokenWriter
+from gte_pro.data.corpus_store import CHUNK, CorpusStore, TokenWriter, save_array
 from gte_pro.data.datasets import TokenizedTexts
 from gte_pro.data.records import MAX_TEXT_CHARS, DataError, clean_text, iter_jsonl, type_name
+from gte_pro.utils.files import CheckedSink, writes_to
 from gte_pro.utils.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -141,7 +142,8 @@ def build_text_store(files: Sequence[str | Path], folder: Path, tokenizer: PreTr
         distinct = _find_distinct(tmp)
         meta = {"lines": sum(lines_per_file), "distinct": distinct, "files": [str(f) for f in files],
                 "lines_per_file": lines_per_file, "max_length": max_length, "doc_prefix": doc_prefix}
-        (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+        with writes_to(tmp / "meta.json"):
+            (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
         publish(tmp, folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -153,7 +155,7 @@ def _write_lines(files: Sequence[str | Path], tmp: Path, tokenizer: PreTrainedTo
     hashes, spans = array.array("q"), array.array("q")  # 8 bytes a number, not a Python int each
     progress = Progress("tokenizing the mining corpus", None, unit="documents")
     lines_per_file, offset = [], 0
-    with open(tmp / "tokens.bin", "wb") as tokens, open(tmp / "texts.bin", "wb") as texts:
+    with CheckedSink(tmp / "tokens.bin") as tokens, CheckedSink(tmp / "texts.bin") as texts:
         writer = TokenWriter(tokens, tokenizer, max_length, doc_prefix)
         chunk: list[str] = []
         for path in files:
@@ -161,22 +163,27 @@ def _write_lines(files: Sequence[str | Path], tmp: Path, tokenizer: PreTrainedTo
             for raw in read_corpus_file(path):
                 text = clean_text(raw[:MAX_TEXT_CHARS])  # as training texts are cleaned
                 encoded = text.encode("utf-8")
-                texts.write(encoded)
                 spans.extend((offset, len(encoded)))
                 offset += len(encoded)
                 hashes.append(text_hash(text))
                 chunk.append(text)
                 if len(chunk) == CHUNK:
-                    writer.write(chunk)
-                    chunk.clear()
+                    _flush(chunk, texts, writer)
                     progress.update(writer.written)
             lines_per_file.append(len(hashes) - before)
-        writer.write(chunk)
+        _flush(chunk, texts, writer)
     progress.finish(len(hashes))
-    np.save(tmp / "index.npy", writer.index())
-    np.save(tmp / "texts.npy", np.frombuffer(spans, dtype=np.int64).reshape(-1, 2))
-    np.save(tmp / "line_hashes.npy", np.frombuffer(hashes, dtype=np.int64))
+    save_array(tmp / "index.npy", writer.index())
+    save_array(tmp / "texts.npy", np.frombuffer(spans, dtype=np.int64).reshape(-1, 2))
+    save_array(tmp / "line_hashes.npy", np.frombuffer(hashes, dtype=np.int64))
     return lines_per_file
+
+
+def _flush(chunk: list[str], texts: CheckedSink, writer: TokenWriter) -> None:
+    """A chunk's texts (UTF-8, back to back) and token ids to their files."""
+    texts.write("".join(chunk).encode("utf-8"))
+    writer.write(chunk)
+    chunk.clear()
 
 
 def _find_distinct(tmp: Path) -> int:
@@ -194,9 +201,9 @@ def _find_distinct(tmp: Path) -> int:
     is_first = owner == order
     distinct = np.sort(order[is_first])
     occurrences = np.bincount(np.searchsorted(distinct, owner), minlength=len(distinct)).astype(np.int64)
-    np.save(tmp / "distinct.npy", distinct)
-    np.save(tmp / "hashes.npy", line_hashes[distinct])
-    np.save(tmp / "occurrences.npy", occurrences)
+    save_array(tmp / "distinct.npy", distinct)
+    save_array(tmp / "hashes.npy", line_hashes[distinct])
+    save_array(tmp / "occurrences.npy", occurrences)
     (tmp / "line_hashes.npy").unlink()
     return len(distinct)
 

@@ -12,12 +12,13 @@ never reached the disk over a good one.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,46 @@ class WriteError(OSError):
 def write_error(target: str | Path, error: OSError) -> WriteError:
     """``error`` (raised while writing ``target``) as a :class:`WriteError` naming ``target``."""
     return WriteError(error.errno, error.strerror or str(error), str(target))
+
+
+@contextlib.contextmanager
+def writes_to(path: str | Path) -> Iterator[None]:
+    """OS errors inside the block (a full disk, a folder that cannot be written) as a ``WriteError`` naming
+    ``path``, the file being written, and the cause."""
+    try:
+        yield
+    except OSError as error:
+        if isinstance(error, WriteError):
+            raise
+        raise write_error(path, error) from error
+
+
+class CheckedSink:
+    """A binary file being written piece by piece (a store's data file): an OS error of its opening, of any write or
+    of its closing is a ``WriteError`` naming the file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with writes_to(path):
+            self.handle = open(path, "wb")  # noqa: SIM115 - closed by close() / __exit__
+
+    def write(self, data: bytes) -> None:
+        with writes_to(self.path):
+            self.handle.write(data)
+
+    def close(self) -> None:
+        with writes_to(self.path):
+            self.handle.close()
+
+    def __enter__(self) -> CheckedSink:
+        return self
+
+    def __exit__(self, kind: Any, *_: Any) -> None:
+        if kind is None:
+            self.close()
+        else:  # already failing: release the file without hiding the first error
+            with contextlib.suppress(OSError):
+                self.handle.close()
 
 
 def temporary_sibling(target: Path, suffix: str = "") -> Path:
