@@ -1,5 +1,5 @@
-"""The corpus that ``mode=mine`` searches: the training rows' positives (in memory, like the rows themselves) and the
-documents of ``mine.corpus_files``, which are streamed once into a store on disk and never held whole.
+"""The store of ``mine.corpus_files``: the files streamed once onto disk, so that mining never holds them whole
+(``gte_pro.mining.problem.MiningCorpus`` joins it to the training rows' positives).
 
 A store lives in ``<cache_dir>/mining_corpora/<key>/``; the key hashes everything its token ids depend on (each
 file's path, size and time, the tokenizer, ``max_length``, the doc prefix), so an edited file or another model
@@ -26,7 +26,6 @@ import logging
 import os
 import shutil
 import weakref
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,6 @@ from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.cache import cache_key, file_signature, publish, temporary_folder, tokenizer_fingerprint
 from gte_pro.data.corpus_store import CHUNK, CorpusStore, TokenWriter, save_array
-from gte_pro.data.datasets import TokenizedTexts
 from gte_pro.data.records import MAX_TEXT_CHARS, DataError, clean_text, iter_jsonl, type_name
 from gte_pro.utils.files import CheckedSink, writes_to
 from gte_pro.utils.progress import Progress
@@ -227,75 +225,3 @@ def _confirm_duplicates(tmp: Path, order: np.ndarray, owner: np.ndarray, repeate
             first_of.setdefault(content, line)  # sorted positions keep file order within a hash
             owner[position] = first_of[content]
     return owner
-
-
-class JoinedTokens:
-    """Token ids of the mining corpus, ids in corpus order: the positives (tokenized now), then the store's lines
-    ``rows``. ``lengths`` and ``chars`` as ``TokenizedTexts`` (what the longest-first batching sorts by)."""
-
-    def __init__(self, head: TokenizedTexts, store: TextStore, rows: np.ndarray) -> None:
-        self.head, self.store, self.rows = head, store, rows
-        self.lengths = np.concatenate([head.lengths, store.lengths[rows]])
-        self.chars = np.concatenate([head.chars, store.chars[rows]])
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __getitem__(self, index: int) -> np.ndarray:
-        if index < len(self.head):
-            return self.head[index]
-        return self.store[int(self.rows[index - len(self.head)])]
-
-
-class MiningCorpus(Sequence):
-    """The documents mined over, by corpus id: ``texts`` (held: the training positives), then the lines ``rows``
-    of a ``TextStore`` (read from disk when asked for)."""
-
-    def __init__(self) -> None:
-        self.texts: list[str] = []
-        self.store: TextStore | None = None
-        self.rows = np.empty(0, dtype=np.int64)
-
-    def __len__(self) -> int:
-        return len(self.texts) + len(self.rows)
-
-    def __getitem__(self, index: Any) -> str:
-        if not isinstance(index, (int, np.integer)):
-            raise TypeError(f"MiningCorpus indices are integers, got {type(index).__name__}")
-        index = int(index) + len(self) if index < 0 else int(index)
-        if not 0 <= index < len(self):
-            raise IndexError(f"corpus id {index} out of range (0..{len(self) - 1})")
-        if index < len(self.texts):
-            return self.texts[index]
-        assert self.store is not None
-        return self.store.text(int(self.rows[index - len(self.texts)]))
-
-    def attach(self, store: TextStore, min_doc_chars: int, counts: Counter) -> None:
-        """Add the store's distinct texts that are long enough and not one of ``texts``; count what each line of
-        the files became, as if read one by one (a short text is left out, a repeat is already in the corpus)."""
-        shortest = max(min_doc_chars, 1)
-        long_enough = store.chars[store.distinct] - len(store.meta["doc_prefix"]) >= shortest
-        known = np.zeros(len(store.distinct), dtype=bool)
-        known[np.searchsorted(store.distinct, np.fromiter(store.lines_of(self.texts), dtype=np.int64))] = True
-        added = long_enough & ~known
-        self.store, self.rows = store, store.distinct[added]
-        if (~long_enough).any():
-            counts[f"corpus-file texts shorter than {shortest} chars left out"] += int(
-                store.occurrences[~long_enough].sum())
-        if added.any():
-            counts["corpus-file texts added"] += int(added.sum())
-        repeats = int(store.occurrences[long_enough].sum()) - int(added.sum())
-        if repeats:
-            counts["corpus-file texts already in the corpus"] += repeats
-
-    def tokens(self, tokenizer: PreTrainedTokenizerBase, max_length: int, doc_prefix: str) -> Any:
-        """Token ids of every document with ``doc_prefix``, truncated at ``max_length``: ``TokenizedTexts`` of
-        the held texts, joined with the store's when there is one (built with the same settings)."""
-        head = TokenizedTexts(tokenizer, [doc_prefix + text for text in self.texts], max_length)
-        if self.store is None:
-            return head
-        settings = (self.store.meta["max_length"], self.store.meta["doc_prefix"])
-        if settings != (max_length, doc_prefix):
-            raise ValueError(f"{self.store.folder}: tokenized with max_length={settings[0]}, doc prefix "
-                             f"{settings[1]!r}; this mining uses {max_length}, {doc_prefix!r}")
-        return JoinedTokens(head, self.store, self.rows)
