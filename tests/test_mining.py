@@ -141,7 +141,7 @@ def _in_memory_corpus(rows: list[Example], files: list[Path], min_doc_chars: int
 def test_the_store_gives_the_corpus_and_counts_of_reading_every_text(tmp_path: Path, tokenizer, monkeypatch,
                                                                      collide):
     if collide:  # 3 hash values for all texts: only a comparison of the texts can tell them apart
-        monkeypatch.setattr(corpus_module, "text_hash", lambda text: len(text) % 3)
+        monkeypatch.setattr(corpus_module, "hash64", lambda text: len(text) % 3)
     rows = [Example(f"q {i}", [f"positive text {i % 7}", f"shared answer {i % 3}"]) for i in range(12)]
     docs = ([{"text": f"document {j % 8} about \u00e9t\u00e9 {j % 4}"} for j in range(30)]
             + [{"text": "positive   text 2"}, {"text": "ok"}, {"text": " \u200b "}, {"title": "T", "text": "t"}])

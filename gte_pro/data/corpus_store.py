@@ -61,21 +61,26 @@ class CorpusStore:
         self.meta: dict[str, Any] = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
         index = np.load(folder / "index.npy")
         self.offsets, self.lengths, self.chars = index[:, 0], index[:, 1], index[:, 2]
-        self._fd: int | None = None
+        self._fds: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self.lengths)
 
     def __getitem__(self, j: int) -> np.ndarray:
         """The token ids of document ``j``: one positioned read, nothing kept."""
-        if self._fd is None:  # opened lazily: a DataLoader worker opens its own
-            self._fd = os.open(self.folder / "tokens.bin", os.O_RDONLY)
-            weakref.finalize(self, os.close, self._fd)
         count = int(self.lengths[j])
-        return np.frombuffer(os.pread(self._fd, 4 * count, 4 * int(self.offsets[j])), dtype=np.int32)
+        return np.frombuffer(self.read("tokens.bin", 4 * count, 4 * int(self.offsets[j])), dtype=np.int32)
+
+    def read(self, name: str, size: int, offset: int) -> bytes:
+        """``size`` bytes at ``offset`` of the store's file ``name``; each file is opened on first use (a DataLoader
+        worker opens its own) and stays open while the store lives."""
+        if name not in self._fds:
+            self._fds[name] = os.open(self.folder / name, os.O_RDONLY)
+            weakref.finalize(self, os.close, self._fds[name])
+        return os.pread(self._fds[name], size, offset)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_fd": None}  # a file descriptor does not travel to another process
+        return {**self.__dict__, "_fds": {}}  # a file descriptor does not travel to another process
 
     def positions_of(self, wanted: set[str]) -> dict[str, int]:
         """Document index of each of ``wanted`` that the corpus holds (one scan of ``ids.txt``)."""
@@ -122,8 +127,9 @@ def open_corpus_store(corpus_file: Path, documents: Documents, tokenizer: PreTra
     return CorpusStore(folder)
 
 
-def _id_hash(doc_id: str) -> int:
-    return int.from_bytes(hashlib.blake2b(doc_id.encode(), digest_size=8).digest(), "little", signed=True)
+def hash64(text: str) -> int:
+    """An 8-byte hash of ``text``: stores find repeated ids or texts by sorting these, not with a set of strings."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
 
 
 def _check_unique(corpus_file: Path, documents: Documents, hashes: np.ndarray) -> None:
@@ -135,7 +141,7 @@ def _check_unique(corpus_file: Path, documents: Documents, hashes: np.ndarray) -
         return
     first_line: dict[str, int] = {}
     for line_no, doc_id, _ in documents(Counter()):
-        if _id_hash(doc_id) in repeated:
+        if hash64(doc_id) in repeated:
             if doc_id in first_line:
                 raise DataError(f"{corpus_file}, line {line_no}: duplicate _id '{doc_id}' "
                                 f"(first on line {first_line[doc_id]})")
@@ -211,7 +217,7 @@ def _write_store(corpus_file: Path, documents: Documents, tmp: Path, tokenizer: 
 
         for _, doc_id, text in documents(anomalies):
             chunk.append((doc_id, text))
-            hashes.append(_id_hash(doc_id))
+            hashes.append(hash64(doc_id))
             if len(chunk) == CHUNK:
                 flush()
         flush()

@@ -20,21 +20,18 @@ counting, and the documents it embeds are read from disk as its batches need the
 from __future__ import annotations
 
 import array
-import hashlib
 import json
 import logging
 import os
 import shutil
-import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.cache import cache_key, file_signature, publish, temporary_folder, tokenizer_fingerprint
-from gte_pro.data.corpus_store import CHUNK, CorpusStore, TokenWriter, save_array
+from gte_pro.data.corpus_store import CHUNK, CorpusStore, TokenWriter, hash64, save_array
 from gte_pro.data.records import MAX_TEXT_CHARS, DataError, clean_text, iter_jsonl, type_name
 from gte_pro.utils.files import CheckedSink, writes_to
 from gte_pro.utils.progress import Progress
@@ -66,10 +63,6 @@ def read_corpus_file(path: str | Path) -> Iterator[str]:
         yield f"{title} {text}".strip() if title else text
 
 
-def text_hash(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
-
-
 class TextStore(CorpusStore):
     """An opened mining store: the token ids of each line (``CorpusStore``), its text, and the distinct texts."""
 
@@ -79,18 +72,11 @@ class TextStore(CorpusStore):
         self.distinct = np.load(folder / "distinct.npy")
         self.hashes = np.load(folder / "hashes.npy")
         self.occurrences = np.load(folder / "occurrences.npy")
-        self._text_fd: int | None = None
 
     def text(self, line: int) -> str:
         """The cleaned text of ``line``: one positioned read, nothing kept."""
-        if self._text_fd is None:
-            self._text_fd = os.open(self.folder / "texts.bin", os.O_RDONLY)
-            weakref.finalize(self, os.close, self._text_fd)
         offset, size = (int(v) for v in self.text_spans[line])
-        return os.pread(self._text_fd, size, offset).decode("utf-8")
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "_text_fd": None}
+        return self.read("texts.bin", size, offset).decode("utf-8")
 
     def lines_of(self, texts: Sequence[str]) -> dict[int, int]:
         """{distinct line: index into ``texts``} for each of ``texts`` that the store holds."""
@@ -98,7 +84,7 @@ class TextStore(CorpusStore):
         sorted_hashes = self.hashes[order]
         found: dict[int, int] = {}
         for i, text in enumerate(texts):
-            h = text_hash(text)
+            h = hash64(text)
             k = int(np.searchsorted(sorted_hashes, h))
             while k < len(order) and sorted_hashes[k] == h:  # a collision leaves several candidates: compare texts
                 line = int(self.distinct[order[k]])
@@ -116,16 +102,23 @@ def store_folder(files: Sequence[str | Path], tokenizer: PreTrainedTokenizerBase
     return Path(cache_dir).expanduser() / "mining_corpora" / key
 
 
-def open_text_store(files: Sequence[str | Path], tokenizer: PreTrainedTokenizerBase, max_length: int,
-                    doc_prefix: str, cache_dir: str | Path) -> TextStore:
-    """The store of ``files`` for this tokenizer and settings, built if there is none."""
+def ensure_text_store(files: Sequence[str | Path], tokenizer: PreTrainedTokenizerBase, max_length: int,
+                      doc_prefix: str, cache_dir: str | Path) -> Path:
+    """The folder of the store of ``files`` for this tokenizer and settings, built if there is none (nothing is
+    loaded: ``prepare_data`` builds, each rank's ``setup`` opens)."""
     for path in files:
         if not Path(path).is_file():
             raise DataError(f"mine.corpus_files: {path}: file not found")
     folder = store_folder(files, tokenizer, max_length, doc_prefix, cache_dir)
     if not (folder / "meta.json").is_file():
         build_text_store(files, folder, tokenizer, max_length, doc_prefix)
-    return TextStore(folder)
+    return folder
+
+
+def open_text_store(files: Sequence[str | Path], tokenizer: PreTrainedTokenizerBase, max_length: int,
+                    doc_prefix: str, cache_dir: str | Path) -> TextStore:
+    """The store of ``files`` for this tokenizer and settings, built if there is none."""
+    return TextStore(ensure_text_store(files, tokenizer, max_length, doc_prefix, cache_dir))
 
 
 def build_text_store(files: Sequence[str | Path], folder: Path, tokenizer: PreTrainedTokenizerBase, max_length: int,
@@ -163,7 +156,7 @@ def _write_lines(files: Sequence[str | Path], tmp: Path, tokenizer: PreTrainedTo
                 encoded = text.encode("utf-8")
                 spans.extend((offset, len(encoded)))
                 offset += len(encoded)
-                hashes.append(text_hash(text))
+                hashes.append(hash64(text))
                 chunk.append(text)
                 if len(chunk) == CHUNK:
                     _flush(chunk, texts, writer)

@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader
 
 from gte_pro.builders import build_datamodule, build_encoder, build_trainer, seed_and_precision
 from gte_pro.mining.core import MinedNegatives, MiningOptions, mining_options
-from gte_pro.mining.corpus import TextStore, open_text_store
+from gte_pro.mining.corpus import TextStore, ensure_text_store
 from gte_pro.mining.embed import mine_texts
 from gte_pro.mining.problem import MiningProblem, build_problem, corpus_files_setting, hash_held_out_rows
 from gte_pro.mining.report import write_mine_outputs
@@ -47,19 +47,20 @@ class MiningData(LightningDataModule):
     store are built once, as in training) and ``setup`` on every rank after it. The one placeholder validation
     batch per rank only makes Lightning run the module's validation hooks, where the mining happens."""
 
-    def __init__(self, source: Any, open_store: Callable[[], TextStore] | None, min_doc_chars: int) -> None:
+    def __init__(self, source: Any, store_folder: Callable[[], Path] | None, min_doc_chars: int) -> None:
         super().__init__()
         self.source = source
-        self.open_store = open_store  # the corpus files' store (built if there is none); None without files
+        self.store_folder = store_folder  # the corpus files' store (built if there is none); None without files
         self.min_doc_chars = min_doc_chars
         self.problem: MiningProblem | None = None
 
     def corpus_store(self) -> TextStore | None:
-        return self.open_store() if self.open_store is not None else None
+        return TextStore(self.store_folder()) if self.store_folder is not None else None
 
     def prepare_data(self) -> None:
         self.source.prepare_data()
-        self.corpus_store()
+        if self.store_folder is not None:
+            self.store_folder()
 
     def setup(self, stage: str | None = None) -> None:
         if self.problem is None:
@@ -107,9 +108,9 @@ def mine(cfg: DictConfig) -> None:
     encoder = build_encoder(cfg)
     source = build_datamodule(cfg, encoder.tokenizer, encoder.query_prefix, encoder.doc_prefix)
     cache_dir = OmegaConf.select(cfg, "paths.cache_dir", default=None) or "~/.cache/gte_pro"
-    open_store = partial(open_text_store, corpus_files, encoder.tokenizer, int(cfg.mine.max_length),
-                         encoder.doc_prefix, cache_dir) if corpus_files else None
-    data = MiningData(source, open_store, int(getattr(source, "min_doc_chars", 0) or 0))
+    store_folder = partial(ensure_text_store, corpus_files, encoder.tokenizer, int(cfg.mine.max_length),
+                           encoder.doc_prefix, cache_dir) if corpus_files else None
+    data = MiningData(source, store_folder, int(getattr(source, "min_doc_chars", 0) or 0))
     module = MiningModule(encoder, options, int(cfg.mine.batch_size), int(cfg.mine.max_length))
     trainer = build_trainer(cfg, callbacks=[], loggers=[])  # nothing is trained: no checkpoints, no loggers
     start = time.perf_counter()
