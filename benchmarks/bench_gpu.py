@@ -1,5 +1,5 @@
 """One command for a GPU box (``make bench-gpu``, a few minutes): training throughput, MFU and peak memory of this
-project's training path (bench_train.py's ``ours``: the composed config, gte_pro.builders, ``trainer.fit``) in bf16.
+project's training path (bench_train.py's ``ours``: the composed config, gte_pro.modes.build, ``trainer.fit``) in bf16.
 
 Usage::
 

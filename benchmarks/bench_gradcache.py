@@ -43,9 +43,9 @@ from harness import Column, Result
 from gte_pro import packaged_minilm_path
 from gte_pro.data.collate import PairCollator
 from gte_pro.data.demo import load_demo_splits
-from gte_pro.gradcache import cached_step
-from gte_pro.losses import InfoNCELoss
-from gte_pro.model import Encoder
+from gte_pro.models.encoder import Encoder
+from gte_pro.training.gradcache import cached_step
+from gte_pro.training.losses import InfoNCELoss
 
 MB = harness.MB
 

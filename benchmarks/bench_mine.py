@@ -34,7 +34,7 @@ from gte_pro.mining.core import MiningOptions  # noqa: E402
 from gte_pro.mining.embed import mine_texts  # noqa: E402
 from gte_pro.mining.problem import build_problem  # noqa: E402
 from gte_pro.mining.report import mined_rows  # noqa: E402
-from gte_pro.model import Encoder  # noqa: E402
+from gte_pro.models.encoder import Encoder  # noqa: E402
 
 OURS, ST = "gte-pro mine", "sentence-transformers mine_hard_negatives"
 Run = Callable[[], dict[str, list[str]]]  # -> query: its mined negatives

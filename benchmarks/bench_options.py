@@ -63,7 +63,8 @@ def variant_overrides(variant: str, args: argparse.Namespace) -> list[str]:
 def train_command(variant: str, seed: int, args: argparse.Namespace, data: Path) -> list[str]:
     # matryoshka's truncate_dims follow its loss dims; the others are told the same dims
     return [sys.executable, "train.py", *common_overrides(args, data, validate_in_fit=False),
-            "+callbacks.throughput._target_=gte_pro.callbacks.Throughput", f"data.train_file={data / 'train.jsonl'}",
+            "+callbacks.throughput._target_=gte_pro.training.callbacks.Throughput",
+            f"data.train_file={data / 'train.jsonl'}",
             "loss=infonce", "data.num_negatives=0", f"eval.truncate_dims=[{','.join(map(str, args.dim_list))}]",
             *variant_overrides(variant, args), f"seed={seed}", f"hydra.run.dir={run_dir(variant, seed, args)}"]
 

@@ -16,7 +16,7 @@ Variants (spec ``kind[:key=value[:key=value...]]``; overrides apply to ours, pla
 ``:`` or ``,``):
 
   ours   the product path: conf/train.yaml composed with Hydra (as ``python train.py`` does; logger=none,
-         callbacks=none, no checkpointing, validation or export), gte_pro.builders, ``trainer.fit``
+         callbacks=none, no checkpointing, validation or export), gte_pro.modes.build, ``trainer.fit``
   plain  a hand-written PyTorch loop over exactly the same batches (same composed config, same seed, the data
          module's own train_dataloader), same encoder, loss, AdamW parameter groups, schedule and clipping; no
          Lightning: the framework-overhead floor
@@ -30,10 +30,10 @@ not timed. A variant that fails (an exception, a non-zero exit, the OOM killer, 
 reason and the other variants go on.
 
 With ``--eval`` each trained model is saved in sentence-transformers layout and scored by one evaluator, in its own
-subprocess: ``gte_pro.model.Encoder(folder)`` embeds the held-out validation set of the composed data config (the demo
-corpus by default) and ``gte_pro.evaluation.metrics.evaluate_embeddings`` computes NDCG@10 and Recall@10. The
-untrained model is scored once for reference. The seed recipe's projection head has no sentence-transformers form:
-it is not scored.
+subprocess: ``gte_pro.models.encoder.Encoder(folder)`` embeds the held-out validation set of the composed data
+config (the demo corpus by default) and ``gte_pro.evaluation.metrics.evaluate_embeddings`` computes NDCG@10 and
+Recall@10. The untrained model is scored once for reference. The seed recipe's projection head has no
+sentence-transformers form: it is not scored.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ class StepClock:
 def token_counts(*features: dict[str, Any], chunks: int = 1) -> tuple[int, int]:
     """(real, computed) tokens of tokenized batches: a pass in length chunks computes each chunk at its own width
     (``model.length_chunks``), one pass the whole padded tensor."""
-    from gte_pro.length_chunks import padded_positions
+    from gte_pro.models.length_chunks import padded_positions
 
     lengths = [f["attention_mask"].sum(dim=1).cpu().numpy() for f in features]
     return (sum(int(n.sum()) for n in lengths),
@@ -198,7 +198,8 @@ def trained(clock: StepClock, batch_size: int, backbone: Any, first_batch: str |
 def run_ours(opts: argparse.Namespace, variant: Variant) -> Result:
     from lightning.pytorch import Callback
 
-    from gte_pro.builders import (
+    from gte_pro.export.writers import export_sentence_transformers
+    from gte_pro.modes.build import (
         build_datamodule,
         build_encoder,
         build_module,
@@ -206,7 +207,6 @@ def run_ours(opts: argparse.Namespace, variant: Variant) -> Result:
         instantiate_dict,
         seed_and_precision,
     )
-    from gte_pro.export.writers import export_sentence_transformers
 
     cfg = compose_cfg(opts, variant.overrides)
     clock, first = StepClock(), {}
@@ -260,7 +260,7 @@ def optimization(cfg: Any, model: Any) -> tuple[Any, Any, Any]:
     """(loss, optimizer, scheduler or None) exactly as ContrastiveModule configures them."""
     from hydra.utils import instantiate
 
-    from gte_pro.module import build_scheduler, param_groups
+    from gte_pro.training.module import build_scheduler, param_groups
 
     optimizer = instantiate(cfg.optimizer)(param_groups(model), lr=cfg.model.lr)
     schedule = cfg.get("scheduler")
@@ -273,9 +273,9 @@ def run_plain(opts: argparse.Namespace, variant: Variant, seed_recipe: bool = Fa
     import torch
     import torch.nn.functional as F
 
-    from gte_pro.builders import build_datamodule, build_encoder, seed_and_precision
     from gte_pro.export.writers import export_sentence_transformers
-    from gte_pro.losses import split_documents
+    from gte_pro.modes.build import build_datamodule, build_encoder, seed_and_precision
+    from gte_pro.training.losses import split_documents
 
     # the recipe computes all 512 positions: no length chunks
     recipe = ([f"data.max_length={SEED_RECIPE_LENGTH}", "model.pooling=cls", "model.length_chunks=1"]
@@ -331,7 +331,7 @@ def st_pairs(cfg: Any, tokenizer: Any) -> Any:
     """The training pairs of the composed data config (after its cleaning and held-out split), as a dataset."""
     import datasets
 
-    from gte_pro.builders import build_datamodule
+    from gte_pro.modes.build import build_datamodule
 
     datamodule = build_datamodule(cfg, tokenizer)
     datamodule.prepare_data()
@@ -401,9 +401,9 @@ def run_st(opts: argparse.Namespace, variant: Variant) -> Result:
 # --- scoring: one evaluator for every variant ------------------------------------------------------------------------
 def score_model(opts: argparse.Namespace) -> Result:
     """NDCG@10 / Recall@10 of the model in ``opts.model_dir`` (None: the untrained one) on the held-out split."""
-    from gte_pro.builders import build_datamodule
     from gte_pro.evaluation.metrics import RetrievalSet, evaluate_embeddings
-    from gte_pro.model import Encoder
+    from gte_pro.models.encoder import Encoder
+    from gte_pro.modes.build import build_datamodule
 
     cfg = compose_cfg(opts)
     encoder = Encoder(opts.model_dir or cfg.model.name_or_path, max_length=cfg.eval.max_length,

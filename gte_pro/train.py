@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from gte_pro.config_checks import check_config
-from gte_pro.evaluation.run import evaluate
-from gte_pro.fit import fit
+from gte_pro.config.checks import check_config
 from gte_pro.launch.environment import job_scope
-from gte_pro.mining.run import mine
+from gte_pro.modes.evaluate import evaluate
+from gte_pro.modes.fit import fit
+from gte_pro.modes.mine import mine
 from gte_pro.utils.quiet import quiet_third_party
 
 MODES = {"train": fit, "eval": evaluate, "mine": mine}

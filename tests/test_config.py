@@ -11,7 +11,7 @@ from hydra.errors import MissingConfigException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from gte_pro.builders import build_encoder, build_strategy, build_trainer, instantiate_dict
+from gte_pro.modes.build import build_encoder, build_strategy, build_trainer, instantiate_dict
 from tests.conftest import CONF
 
 GROUPS = ["model", "data", "loss", "optimizer", "scheduler", "strategy", "precision", "callbacks", "logger",
@@ -35,7 +35,7 @@ def test_every_group_has_options_and_the_defaults_compose(make_cfg):
 def test_model_options(make_cfg, option):
     overrides = [f"model={option}"] + (["model.name_or_path=/somewhere"] if option == "encoder" else [])
     cfg = make_cfg(overrides)
-    assert cfg.model._target_ == "gte_pro.model.Encoder" and cfg.model.lr > 0
+    assert cfg.model._target_ == "gte_pro.models.encoder.Encoder" and cfg.model.lr > 0
     assert cfg.model.max_length == cfg.data.max_length
     if option in ("minilm", "tiny"):  # the others load weights from the hub, which is not reachable here
         encoder = build_encoder(cfg)
@@ -230,7 +230,7 @@ def test_optuna_preset_uses_the_optuna_sweeper(make_cfg):
 
 
 def test_the_learning_rate_has_one_source_of_truth(make_cfg):
-    from gte_pro.config_checks import ConfigError, check_config
+    from gte_pro.config.checks import ConfigError, check_config
 
     cfg = make_cfg(["model.lr=1e-4"])
     check_config(cfg)
@@ -241,14 +241,14 @@ def test_the_learning_rate_has_one_source_of_truth(make_cfg):
 
 
 def test_an_unknown_similarity_names_the_valid_ones(make_cfg):
-    from gte_pro.config_checks import ConfigError, check_config
+    from gte_pro.config.checks import ConfigError, check_config
 
     with pytest.raises(ConfigError, match=r"loss.similarity='euclid': valid choices: cosine, dot"):
         check_config(make_cfg(["loss.similarity=euclid"]))
 
 
 def test_eval_quantization_takes_the_known_precisions(make_cfg):
-    from gte_pro.config_checks import ConfigError, check_config
+    from gte_pro.config.checks import ConfigError, check_config
 
     check_config(make_cfg(["eval.quantization=[int8,binary]"]))
     with pytest.raises(ConfigError, match=r"eval.quantization=\['int4'\]: expected a list of distinct values of: "

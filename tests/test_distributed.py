@@ -22,7 +22,7 @@ NEGATIVE_TEXTS = [[f"unrelated text {i}-{j} " * (j + 1) for j in range(NEGATIVES
 
 
 def _encoder():
-    from gte_pro.model import Encoder
+    from gte_pro.models.encoder import Encoder
 
     torch.manual_seed(0)  # identical initial weights in every process
     return Encoder(packaged_minilm_path(), random_init_config=TINY, max_length=32).double()
@@ -39,7 +39,7 @@ def _step(encoder, loss_fn, rows: slice, with_negatives: bool):
 
 
 def _loss(name: str, gather: bool):
-    from gte_pro.losses import GTELoss, InfoNCELoss
+    from gte_pro.training.losses import GTELoss, InfoNCELoss
 
     return {"infonce": InfoNCELoss, "gte": GTELoss}[name](temperature=0.05, gather_across_devices=gather)
 

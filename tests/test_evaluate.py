@@ -14,7 +14,7 @@ import torch
 
 from gte_pro.data.beir import load_beir
 from gte_pro.evaluation.metrics import RetrievalSet
-from gte_pro.model import Encoder
+from gte_pro.models.encoder import Encoder
 from gte_pro.train import train
 from tests.beir_data import st_evaluator_metrics, write_beir_folder
 from tests.conftest import REPO
@@ -171,7 +171,7 @@ def test_pre_tokenized_batches_equal_the_tokenizers_own_padding(tokenizer):
 def test_a_run_tokenizes_its_validation_texts_once_and_validates_each_weights_once(make_cfg, tmp_path: Path,
                                                                                   monkeypatch: pytest.MonkeyPatch):
     from gte_pro.data.datasets import TokenizedTexts
-    from gte_pro.module import ContrastiveModule
+    from gte_pro.training.module import ContrastiveModule
 
     sizes: list[int] = []
     tokenize = TokenizedTexts.__init__

@@ -47,7 +47,7 @@ def test_matches_sentence_transformers_information_retrieval_evaluator(cache_dir
 
     from gte_pro import packaged_minilm_path
     from gte_pro.data.demo import DemoDataModule
-    from gte_pro.model import Encoder
+    from gte_pro.models.encoder import Encoder
 
     data = DemoDataModule(cache_dir=str(cache_dir), tokenizer=tokenizer, max_val_queries=120, max_distractors=300)
     data.setup("fit")

@@ -104,14 +104,14 @@ def run_cli(kind: str, ctx: dict[str, Any], tokenizer: Any, folder: Path, cache:
     from hydra.utils import instantiate
     from omegaconf import open_dict
 
-    from gte_pro.builders import build_datamodule, build_trainer
-    from gte_pro.config_checks import check_config
+    from gte_pro.config.checks import check_config
     from gte_pro.evaluation.sets import load_eval_sets
     from gte_pro.launch.environment import (
         check_devices_match_tasks,
         check_multi_node_launch,
         tasks_per_node_from_scheduler,
     )
+    from gte_pro.modes.build import build_datamodule, build_trainer
     from hydra_plugins.gte_pro_launcher.launchers import _check_jobs
 
     GlobalHydra.instance().clear()
@@ -261,7 +261,7 @@ def test_every_shipped_option_passes_the_config_checks():
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import open_dict
 
-    from gte_pro.config_checks import config_problems
+    from gte_pro.config.checks import config_problems
 
     required = {"model=encoder": ["model.name_or_path=x"], "data=jsonl": ["data.train_file=x"],
                 "data=hf": ["data.path=x"], "data=beir": ["data.path=x"],

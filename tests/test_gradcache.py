@@ -28,14 +28,15 @@ from lightning.pytorch.strategies import FSDPStrategy
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.utils.data import DataLoader
 
-from gte_pro import gradcache, packaged_minilm_path
-from gte_pro.builders import build_encoder, build_module, build_trainer
+from gte_pro import packaged_minilm_path
 from gte_pro.data.collate import PairCollator
-from gte_pro.gradcache import cached_loss, cached_step, split_features
-from gte_pro.losses import GTELoss, InfoNCELoss, LossOutput, _at_least_fp32, split_documents
-from gte_pro.model import Encoder
-from gte_pro.module import ContrastiveModule
+from gte_pro.models.encoder import Encoder
+from gte_pro.modes.build import build_encoder, build_module, build_trainer
 from gte_pro.train import train
+from gte_pro.training import gradcache
+from gte_pro.training.gradcache import cached_loss, cached_step, split_features
+from gte_pro.training.losses import GTELoss, InfoNCELoss, LossOutput, _at_least_fp32, split_documents
+from gte_pro.training.module import ContrastiveModule
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
         "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}

@@ -1,5 +1,5 @@
-"""The non-finite guard (gte_pro.guard): a NaN loss or gradient skips exactly that optimizer step, is counted and
-logged; too many stop the run with the step, the batch's rows and a dump of the batch."""
+"""The non-finite guard (gte_pro.training.guard): a NaN loss or gradient skips exactly that optimizer step, is counted
+and logged; too many stop the run with the step, the batch's rows and a dump of the batch."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from lightning.pytorch import Callback
 from torch.utils.data import DataLoader
 
 from gte_pro import packaged_minilm_path
-from gte_pro.builders import build_datamodule, build_encoder, build_module, build_trainer, seed_and_precision
-from gte_pro.guard import NonFiniteGuard, NonFiniteLossError
-from gte_pro.losses import InfoNCELoss, LossOutput
-from gte_pro.module import ContrastiveModule
+from gte_pro.modes.build import build_datamodule, build_encoder, build_module, build_trainer, seed_and_precision
+from gte_pro.training.guard import NonFiniteGuard, NonFiniteLossError
+from gte_pro.training.losses import InfoNCELoss, LossOutput
+from gte_pro.training.module import ContrastiveModule
 
 
 class _NanGradient(torch.autograd.Function):
@@ -164,7 +164,7 @@ def _small_fit(steps: int = 2, **trainer_options: Any) -> ContrastiveModule:
     from lightning.pytorch import Trainer
 
     from gte_pro.data.collate import PairCollator
-    from gte_pro.model import Encoder
+    from gte_pro.models.encoder import Encoder
 
     torch.manual_seed(0)
     encoder = Encoder(packaged_minilm_path(), random_init_config=TINY, max_length=32)
@@ -240,7 +240,7 @@ def test_one_ranks_nan_skips_the_step_on_both_ranks(tmp_path: Path):
     from lightning.pytorch.strategies import DDPStrategy
 
     from gte_pro.data.collate import PairCollator
-    from gte_pro.model import Encoder
+    from gte_pro.models.encoder import Encoder
 
     torch.manual_seed(0)
     encoder = Encoder(packaged_minilm_path(), random_init_config=TINY, max_length=32)
@@ -263,6 +263,6 @@ def test_one_ranks_nan_skips_the_step_on_both_ranks(tmp_path: Path):
 
 
 def test_json_numbers_are_strict():
-    from gte_pro.guard import _number
+    from gte_pro.training.guard import _number
 
     assert _number(1.5) == 1.5 and _number(math.nan) == "nan" and _number(math.inf) == "inf"

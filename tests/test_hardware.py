@@ -30,14 +30,14 @@ def test_the_warning_applies_to_bf16_on_an_emulating_cpu_only():
 
 
 def test_building_a_bf16_trainer_on_this_cpu_warns_when_it_emulates(make_cfg, caplog, monkeypatch):
-    from gte_pro import builders
+    from gte_pro.modes import build as builders
 
     monkeypatch.setattr(builders, "cpu_has_native_bf16", lambda: False)
-    with caplog.at_level(logging.WARNING, logger="gte_pro.builders"):
+    with caplog.at_level(logging.WARNING, logger="gte_pro.modes.build"):
         builders.build_trainer(make_cfg(["debug=fast", "precision=bf16-mixed"]), callbacks=[], loggers=[])
     assert "without native bf16" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="gte_pro.builders"):
+    with caplog.at_level(logging.WARNING, logger="gte_pro.modes.build"):
         builders.build_trainer(make_cfg(["debug=fast"]), callbacks=[], loggers=[])
     assert "bf16" not in caplog.text
 

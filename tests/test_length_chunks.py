@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from gte_pro import packaged_minilm_path
-from gte_pro.length_chunks import chunk_plan, padded_positions
-from gte_pro.model import Encoder
+from gte_pro.models.encoder import Encoder
+from gte_pro.models.length_chunks import chunk_plan, padded_positions
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
         "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
@@ -86,7 +86,7 @@ def test_auto_chunks_on_the_cpu_and_runs_one_pass_elsewhere():
 
 
 def test_the_config_check_names_length_chunks_choices(make_cfg):
-    from gte_pro.config_checks import ConfigError, check_config
+    from gte_pro.config.checks import ConfigError, check_config
 
     check_config(make_cfg(["model.length_chunks=auto"]))
     check_config(make_cfg(["model.length_chunks=2"]))

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from gte_pro.model import Encoder
-from gte_pro.module import ContrastiveModule
+from gte_pro.models.encoder import Encoder
 from gte_pro.train import train
+from gte_pro.training.module import ContrastiveModule
 
 TEXTS = ["How do I sort a dictionary by value?", "Return a new list containing all items in ascending order.",
          "A much longer passage " * 10]

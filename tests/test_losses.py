@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gte_pro.losses import GTELoss, InfoNCELoss
+from gte_pro.training.losses import GTELoss, InfoNCELoss
 
 
 def _unit(*shape: int, seed: int) -> torch.Tensor:
@@ -224,8 +224,8 @@ def _tokens(rows: int, seed: int) -> dict[str, torch.Tensor]:
 
 
 def test_gradcache_with_masked_own_negatives_equals_the_full_batch():
-    from gte_pro.gradcache import cached_loss
-    from gte_pro.losses import split_documents
+    from gte_pro.training.gradcache import cached_loss
+    from gte_pro.training.losses import split_documents
 
     torch.manual_seed(0)
     encoder = _BagOfTokens()

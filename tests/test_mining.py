@@ -210,7 +210,7 @@ def _texts() -> tuple[list[str], list[str], list[list[int]]]:
 
 
 def _tiny_encoder(**kwargs):
-    from gte_pro.model import Encoder
+    from gte_pro.models.encoder import Encoder
 
     torch.manual_seed(0)  # identical weights in every process
     return Encoder(packaged_minilm_path(), random_init_config=TINY, max_length=32, **kwargs)
@@ -369,7 +369,7 @@ def test_invalid_options_name_the_key(values, message):
 
 
 def test_invalid_options_in_the_config_name_the_key(make_cfg):
-    from gte_pro.config_checks import ConfigError
+    from gte_pro.config.checks import ConfigError
     from gte_pro.train import train
 
     with pytest.raises(ConfigError, match="mine.sampling='best': valid choices: top, random"):

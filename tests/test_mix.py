@@ -293,7 +293,7 @@ def test_bad_sources_at_setup_name_the_source(sources: dict, tokenizer, tmp_path
 
 
 def test_config_checks_name_bad_mix_keys(make_cfg):
-    from gte_pro.config_checks import config_problems
+    from gte_pro.config.checks import config_problems
 
     assert "data.sources is required: set data.sources=..." in config_problems(make_cfg(["data=mix"]))
     good = ["data=mix", "data.sources={qa: {type: jsonl, train_file: a.jsonl, max_length: 64}}"]

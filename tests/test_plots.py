@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from gte_pro.launch.sweep import summarize_sweep
-from gte_pro.plots import parse_overrides, plot_run, plot_sweep, read_curves, swept_keys
+from gte_pro.utils.plots import parse_overrides, plot_run, plot_sweep, read_curves, swept_keys
 
 HEADER = "epoch,lr-AdamW,step,train/loss,val/ndcg@10,val/scifact/ndcg@10\n"
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gte_pro.heads import build_projection
-from gte_pro.model import Encoder
-from gte_pro.module import ContrastiveModule
+from gte_pro.models.encoder import Encoder
+from gte_pro.models.heads import build_projection
 from gte_pro.train import train
+from gte_pro.training.module import ContrastiveModule
 
 TEXTS = ["How do I sort a dictionary by value?", "Return a new list containing all items in ascending order."]
 
@@ -54,7 +54,7 @@ def test_a_run_with_the_head_exports_it_everywhere_verified(make_cfg, tmp_path: 
 
 
 def test_the_head_trains(make_cfg, tmp_path: Path):
-    from gte_pro.builders import build_encoder, seed_and_precision
+    from gte_pro.modes.build import build_encoder, seed_and_precision
 
     cfg = make_cfg(["debug=fast", "logger=none", "callbacks=none", "model.projection={dims: [16]}",
                     "export.hf=false", "+trainer.enable_checkpointing=false"], output_dir=tmp_path / "run")

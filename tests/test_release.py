@@ -10,7 +10,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gte_pro.builders import build_encoder
 from gte_pro.export.release import check_export_requirements
 from gte_pro.export.verify import (
     ExportMismatchError,
@@ -19,7 +18,8 @@ from gte_pro.export.verify import (
     state_dict_round_trip,
     verify_export,
 )
-from gte_pro.model import Encoder
+from gte_pro.models.encoder import Encoder
+from gte_pro.modes.build import build_encoder
 from gte_pro.train import train
 from tests.beir_data import st_evaluator_metrics, write_beir_folder
 

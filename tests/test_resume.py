@@ -252,7 +252,7 @@ def test_time_based_last_checkpoint_agrees_on_the_clock_only_every_few_steps():
     """every_n_minutes needs the ranks to agree (one broadcast); asking at every step would sync DDP per step."""
     from types import SimpleNamespace
 
-    from gte_pro.callbacks import TIME_CHECK_EVERY, LastCheckpoint
+    from gte_pro.training.callbacks import TIME_CHECK_EVERY, LastCheckpoint
 
     asked = []
     strategy = SimpleNamespace(broadcast=lambda value: asked.append(value) or value)

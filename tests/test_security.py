@@ -27,8 +27,8 @@ def _model_options() -> list[str]:
 @pytest.mark.parametrize("option", _model_options())
 def test_no_model_option_runs_hub_code_unless_the_user_sets_it(make_cfg, monkeypatch, option):
     """Each preset passes trust_remote_code=False to transformers; model.trust_remote_code=true passes True."""
-    from gte_pro import model as model_module
-    from gte_pro.builders import build_encoder
+    from gte_pro.models import encoder as model_module
+    from gte_pro.modes.build import build_encoder
 
     seen: list[Any] = []
 
@@ -52,15 +52,15 @@ def test_no_model_option_runs_hub_code_unless_the_user_sets_it(make_cfg, monkeyp
 def test_a_string_cannot_switch_remote_code_on():
     """``model.trust_remote_code='false'`` is a non-empty string, i.e. true for transformers: refused."""
     from gte_pro import packaged_minilm_path
-    from gte_pro.model import Encoder
+    from gte_pro.models.encoder import Encoder
 
     with pytest.raises(ValueError, match=r"model.trust_remote_code='false' is not valid; valid choices: true, false"):
         Encoder(packaged_minilm_path(), trust_remote_code="false")
 
 
 def test_a_model_that_needs_hub_code_names_the_key_to_allow_it(monkeypatch):
-    from gte_pro import model as model_module
     from gte_pro import packaged_minilm_path
+    from gte_pro.models import encoder as model_module
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise ValueError("The repository x contains custom code which must be executed to correctly load the model. "

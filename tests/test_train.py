@@ -63,7 +63,7 @@ def test_fit_writes_metrics_checkpoints_logs_and_returns_the_metric(fast_run):
 def test_exported_model_loads_in_sentence_transformers_with_identical_embeddings(fast_run):
     from sentence_transformers import SentenceTransformer
 
-    from gte_pro.model import Encoder
+    from gte_pro.models.encoder import Encoder
 
     cfg, out, _ = fast_run
     exported = SentenceTransformer(str(out / "model"), device="cpu")
@@ -101,7 +101,7 @@ def test_lr_find_saves_its_plot_and_trains_with_the_suggestion(make_cfg, tmp_pat
 
 
 def test_gte_loss_with_hard_negatives_trains(make_cfg, tmp_path, pairs_file, monkeypatch):
-    from gte_pro.losses import GTELoss
+    from gte_pro.training.losses import GTELoss
 
     calls: list[tuple[tuple[int, ...], tuple[int, ...] | None]] = []
     forward = GTELoss.forward
@@ -148,8 +148,8 @@ def test_a_failing_job_closes_its_wandb_run_as_failed(make_cfg, tmp_path: Path):
 
 
 def test_load_from_checkpoint_rebuilds_the_module_with_its_weights(fast_run):
-    from gte_pro.model import Encoder
-    from gte_pro.module import ContrastiveModule
+    from gte_pro.models.encoder import Encoder
+    from gte_pro.training.module import ContrastiveModule
 
     cfg, out, _ = fast_run
     best = json.loads((out / "metrics.json").read_text())["best_checkpoint"]
@@ -162,9 +162,9 @@ def test_load_from_checkpoint_rebuilds_the_module_with_its_weights(fast_run):
 
 def test_the_final_metrics_are_those_of_validating_the_best_checkpoint(fast_run):
     """The run reuses the metrics of the best checkpoint's validation during fit instead of validating it again."""
-    from gte_pro.builders import build_datamodule, build_trainer
     from gte_pro.evaluation.report import merge_results
-    from gte_pro.module import ContrastiveModule
+    from gte_pro.modes.build import build_datamodule, build_trainer
+    from gte_pro.training.module import ContrastiveModule
 
     cfg, out, _ = fast_run
     metrics = json.loads((out / "metrics.json").read_text())

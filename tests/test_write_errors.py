@@ -24,7 +24,7 @@ from gte_pro.data.records import Example
 from gte_pro.export.card import write_model_card
 from gte_pro.export.writers import export_hf, export_onnx, export_sentence_transformers
 from gte_pro.launch.sweep import summarize_sweep
-from gte_pro.model import Encoder
+from gte_pro.models.encoder import Encoder
 from gte_pro.utils import files
 from gte_pro.utils.files import WriteError, write_json_atomic
 

@@ -2,7 +2,7 @@
 longest text, never to ``max_length``).
 
 Training batches hold ``query`` (B texts) and ``doc`` (the B positives, then the k negatives of each row in order,
-see ``gte_pro.losses.split_documents``) and ``rows`` (the training rows, by index); evaluation batches hold
+see ``gte_pro.training.losses.split_documents``) and ``rows`` (the training rows, by index); evaluation batches hold
 signed ``ids`` and ``features``.
 """
 

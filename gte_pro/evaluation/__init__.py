@@ -2,6 +2,5 @@
 
 - ``metrics``: ranking a corpus, the IR metrics, sharded ranking under DDP.
 - ``sets``: the BEIR sets named in ``eval.beir`` and the data module that serves them.
-- ``run``: ``mode=eval`` (evaluate any encoder, write metrics.json + metrics.md).
 - ``report``: flat logged metrics -> a markdown table, one row per set.
 """

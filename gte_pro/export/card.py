@@ -8,7 +8,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from gte_pro.model import Encoder
+from gte_pro.models.encoder import Encoder
 from gte_pro.utils.files import write_text_atomic
 from gte_pro.utils.tables import markdown_table
 

@@ -23,7 +23,7 @@ from gte_pro.export.verify import (
     verify_export,
 )
 from gte_pro.export.writers import export_adapter, export_hf, export_onnx
-from gte_pro.model import Encoder
+from gte_pro.models.encoder import Encoder
 from gte_pro.utils.files import write_text_atomic
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from gte_pro.export.writers import HF_POOLING_CODE, POOLING_FILE
-from gte_pro.model import Encoder
+from gte_pro.models.encoder import Encoder
 
 log = logging.getLogger(__name__)
 

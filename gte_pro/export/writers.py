@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from gte_pro.heads import ACTIVATIONS
-from gte_pro.model import Encoder
+from gte_pro.models.encoder import Encoder
+from gte_pro.models.heads import ACTIVATIONS
 from gte_pro.utils.files import write_atomic
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ def _write_dense(folder: Path, linear: nn.Linear, activation: nn.Module) -> None
 POOLING_FILE = "gte_pro_pooling.json"
 
 # The pooling code that <hf>/README.md documents. hf_embedder runs this very code, so the verification of the HF
-# export also proves the documentation right (one copy of the pooling logic outside gte_pro.model).
+# export also proves the documentation right (one copy of the pooling logic outside gte_pro.models.encoder).
 HF_POOLING_CODE = """import json, torch, torch.nn.functional as F
 from transformers import AutoModel, AutoTokenizer
 

@@ -1,5 +1,5 @@
 """Sweep summaries: one row per job (its overrides, final metrics or error), best first, in summary.csv and .md,
-and a report.md with pictures (``gte_pro.plots``).
+and a report.md with pictures (``gte_pro.utils.plots``).
 
 The summary is rewritten after every job, so a sweep whose job raises still leaves one (Hydra runs every job,
 then re-raises the first failure and exits non-zero, without calling ``on_multirun_end``). A failed job's
@@ -21,8 +21,8 @@ from hydra.core.utils import JobStatus
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from gte_pro.plots import plot_sweep
 from gte_pro.utils.files import write_text_atomic
+from gte_pro.utils.plots import plot_sweep
 from gte_pro.utils.tables import markdown_table
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from gte_pro.data.datasets import TokenizedTexts, longest_first
 from gte_pro.evaluation.metrics import all_gather_rows
 from gte_pro.mining.core import MinedNegatives, MiningOptions, mine_negatives
 from gte_pro.mining.problem import MiningCorpus
-from gte_pro.model import Encoder
+from gte_pro.models.encoder import Encoder
 from gte_pro.utils.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -54,8 +54,8 @@ def embed_tokens(encoder: Encoder, tokens: Any, batch_size: int, rank: int = 0, 
                  what: str = "texts") -> tuple[torch.Tensor, torch.Tensor]:
     """(embeddings (n_local, d) float32 on the encoder's device, global indices (n_local,)) of this rank's share of
     ``tokens`` (``lengths``, ``chars`` and the token ids of each text by index, e.g. ``TokenizedTexts``). ``encoder``:
-    a ``gte_pro.model.Encoder``. Inference mode, eval mode during the call (the previous mode is restored), each
-    batch under ``autocast()``."""
+    a ``gte_pro.models.encoder.Encoder``. Inference mode, eval mode during the call (the previous mode is restored),
+    each batch under ``autocast()``."""
     if batch_size < 1:
         raise ValueError(f"embed_texts: batch_size={batch_size} must be at least 1")
     collate = EvalCollator(encoder.tokenizer)

@@ -3,7 +3,7 @@
 Left out:
 - Lightning's INFO lines: the hardware banner, "💡 Tip" adverts, "`weights_only` was not set", the
   "`Trainer(val_check_interval=1.0)`" note, checkpoint restore notices that our own log already states;
-- the model summary table (``trainer.enable_model_summary`` is off; ``gte_pro.fit`` logs the parameter counts);
+- the model summary table (``trainer.enable_model_summary`` is off; ``gte_pro.modes.fit`` logs the parameter counts);
 - known deprecation warnings raised inside our dependencies, and the ``srun`` hint (gte-pro starts SLURM jobs
   itself);
 - transformers' "Running in WANDB offline mode", and transformers / sentence-transformers INFO lines and progress

@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModel, AutoTokenizer, BertConfig, PreTrainedTokenizerBase
 
-from gte_pro.heads import build_projection, load_dense_head
-from gte_pro.length_chunks import chunk_plan, chunks_for, parse_length_chunks
-from gte_pro.lora import with_lora
+from gte_pro.models.heads import build_projection, load_dense_head
+from gte_pro.models.length_chunks import chunk_plan, chunks_for, parse_length_chunks
+from gte_pro.models.lora import with_lora
 
 log = logging.getLogger(__name__)
 

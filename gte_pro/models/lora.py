@@ -1,5 +1,5 @@
-"""LoRA adapters through peft (``model.lora``): only the adapters train; ``gte_pro.model.Encoder.save`` merges them
-into a copy of the weights for the exports."""
+"""LoRA adapters through peft (``model.lora``): only the adapters train; ``gte_pro.models.encoder.Encoder.save``
+merges them into a copy of the weights for the exports."""
 
 from __future__ import annotations
 

@@ -124,10 +124,10 @@ class ContrastiveLoss(nn.Module, abc.ABC):
     """Shared plumbing: gathering across devices and candidate layout [positives; negatives].
 
     ``mini_batch_size`` is not used by the loss itself: it tells the training step to compute this loss the cached
-    way (``gte_pro.gradcache``: embeddings in chunks of that many texts, same loss and gradients). It lives here
-    so that ``loss.*`` in the config describes the whole loss computation and ``instantiate(cfg.loss)`` keeps
+    way (``gte_pro.training.gradcache``: embeddings in chunks of that many texts, same loss and gradients). It lives
+    here so that ``loss.*`` in the config describes the whole loss computation and ``instantiate(cfg.loss)`` keeps
     working wherever it is called. ``max_skipped_steps`` is read the same way: how many optimizer steps with a
-    non-finite loss or gradient norm the training step skips before it stops the run (``gte_pro.guard``).
+    non-finite loss or gradient norm the training step skips before it stops the run (``gte_pro.training.guard``).
 
     ``similarity="cosine"`` scores unit vectors whatever the encoder returns: a model whose files carry no
     ``Normalize`` module (``model.normalize`` false) would otherwise train on raw dot products at a temperature

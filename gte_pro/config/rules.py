@@ -1,4 +1,4 @@
-"""The vocabulary of ``gte_pro.config_checks``' rules: each takes a config value and returns what is wrong with it
+"""The vocabulary of ``gte_pro.config.checks``' rules: each takes a config value and returns what is wrong with it
 (a short phrase naming what is valid), or None when it is fine."""
 
 from __future__ import annotations

@@ -17,19 +17,9 @@ from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from gte_pro.config_rules import (
-    FLAG,
-    choice,
-    devices_value,
-    int_list,
-    integer,
-    known_keys,
-    number,
-    number_list,
-    subset,
-)
-from gte_pro.heads import PROJECTION_KEYS
-from gte_pro.lora import LORA_KEYS
+from gte_pro.config.rules import FLAG, choice, devices_value, int_list, integer, known_keys, number, number_list, subset
+from gte_pro.models.heads import PROJECTION_KEYS
+from gte_pro.models.lora import LORA_KEYS
 
 
 class ConfigError(ValueError):

@@ -1,5 +1,5 @@
 """Config -> objects: the one place where a composed Hydra config becomes an encoder, a data module, a Lightning
-module, callbacks, loggers and a trainer. Both entry flows (``gte_pro.fit`` and ``gte_pro.evaluation.run``) and
+module, callbacks, loggers and a trainer. Both entry flows (``gte_pro.modes.fit`` and ``gte_pro.modes.evaluate``) and
 the benchmarks build through these functions, so a run is set up the same way wherever it starts.
 """
 
@@ -18,8 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from gte_pro.launch.checkpoint_io import AtomicCheckpointIO
 from gte_pro.launch.environment import cpu_has_native_bf16, emulated_bf16_warning
-from gte_pro.model import Encoder
-from gte_pro.module import ContrastiveModule
+from gte_pro.models.encoder import Encoder
+from gte_pro.training.module import ContrastiveModule
 
 log = logging.getLogger(__name__)
 

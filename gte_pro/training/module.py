@@ -17,10 +17,10 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from gte_pro.evaluation.metrics import evaluate_distributed
 from gte_pro.evaluation.rows import ValidationRows
-from gte_pro.gradcache import cached_loss
-from gte_pro.guard import NonFiniteGuard
-from gte_pro.losses import ContrastiveLoss, LossOutput, split_documents
-from gte_pro.model import Encoder
+from gte_pro.models.encoder import Encoder
+from gte_pro.training.gradcache import cached_loss
+from gte_pro.training.guard import NonFiniteGuard
+from gte_pro.training.losses import ContrastiveLoss, LossOutput, split_documents
 from gte_pro.utils.progress import logs_this_step
 
 CONFIG_KEY = "gte_pro_module_config"
@@ -68,7 +68,8 @@ class ContrastiveModule(LightningModule):
         self.seed = seed
         self._train_metrics: dict[str, torch.Tensor] = {}  # the last step's, detached (read at checkpoints and end)
         self.loss = loss
-        # skips optimizer steps with a NaN/inf loss or gradient norm (gte_pro.guard), up to loss.max_skipped_steps
+        # skips optimizer steps with a NaN/inf loss or gradient norm (gte_pro.training.guard), up to
+        # loss.max_skipped_steps
         self.guard = NonFiniteGuard(getattr(loss, "max_skipped_steps", 10))
         self._warned_accumulation = False
         self.optimizer_factory = optimizer
@@ -79,7 +80,7 @@ class ContrastiveModule(LightningModule):
         self.lr = lr  # a plain attribute, so that Lightning's learning-rate finder can set it
         # per validation dataloader: the signed ids and embeddings this rank computed
         self._val_rows: dict[int, ValidationRows] = {}  # per validation loader: this rank's ids and embeddings
-        # the config parts it was built from (gte_pro.builders.build_module), saved with every checkpoint
+        # the config parts it was built from (gte_pro.modes.build.build_module), saved with every checkpoint
         self.module_config: dict[str, Any] = {}
 
     @classmethod
@@ -176,13 +177,13 @@ class ContrastiveModule(LightningModule):
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any,
                        optimizer_closure: Callable[[], Any] | None = None) -> None:
-        # runs the closure, then steps only when every loss and the gradient norm are finite (gte_pro.guard)
+        # runs the closure, then steps only when every loss and the gradient norm are finite (gte_pro.training.guard)
         self.guard.step(self, optimizer, optimizer_closure or (lambda: None))
 
     def _contrastive_loss(self, batch: dict[str, Any]) -> LossOutput:
         queries, docs, k = batch["query"], batch["doc"], batch["num_negatives"]
         if self.mini_batch_size:
-            # GradCache (gte_pro.gradcache): the same loss and gradients as below, in the activation memory of
+            # GradCache (gte_pro.training.gradcache): the same loss and gradients as below, in the activation memory of
             # mini_batch_size texts; its backward re-embeds the batch chunk by chunk
             return cached_loss(self.encoder, self.loss, queries, docs, k, self.mini_batch_size)
         query = self.encoder(**queries)

@@ -18,10 +18,10 @@ from typing import Any
 from lightning.pytorch import LightningDataModule
 from omegaconf import DictConfig, OmegaConf
 
-from gte_pro.builders import build_datamodule, build_encoder, build_module, build_trainer, seed_and_precision
 from gte_pro.evaluation.report import HELD_OUT, merge_results, metrics_by_set, metrics_table, optimized_value
 from gte_pro.evaluation.sets import EvalDataModule, eval_set_specs, load_eval_sets
-from gte_pro.model import Encoder
+from gte_pro.models.encoder import Encoder
+from gte_pro.modes.build import build_datamodule, build_encoder, build_module, build_trainer, seed_and_precision
 from gte_pro.utils.files import write_json_atomic, write_text_atomic
 from gte_pro.utils.timing import peak_rss_mb_per_rank
 

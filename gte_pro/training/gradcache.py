@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from gte_pro.losses import LossOutput, _at_least_fp32, split_documents
+from gte_pro.training.losses import LossOutput, _at_least_fp32, split_documents
 
 Features = Mapping[str, torch.Tensor]
 Gradients = list[torch.Tensor | None]

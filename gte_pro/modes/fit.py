@@ -17,15 +17,6 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
-from gte_pro.builders import (
-    build_datamodule,
-    build_encoder,
-    build_module,
-    build_trainer,
-    instantiate_dict,
-    seed_and_precision,
-)
-from gte_pro.callbacks import Throughput, ValidationRecord
 from gte_pro.evaluation.report import merge_results, metrics_table, optimized_value
 from gte_pro.evaluation.sets import attach_eval_sets
 from gte_pro.export.release import check_export_requirements, release
@@ -33,10 +24,19 @@ from gte_pro.export.writers import export_sentence_transformers
 from gte_pro.launch.preemption import PreemptionCheckpoint, under_submitit
 from gte_pro.launch.resume import check_resumed_config, resume_checkpoint
 from gte_pro.mining.remine import RemineNegatives, remine_callback
-from gte_pro.model import Encoder
-from gte_pro.module import ContrastiveModule
-from gte_pro.plots import plot_run
+from gte_pro.models.encoder import Encoder
+from gte_pro.modes.build import (
+    build_datamodule,
+    build_encoder,
+    build_module,
+    build_trainer,
+    instantiate_dict,
+    seed_and_precision,
+)
+from gte_pro.training.callbacks import Throughput, ValidationRecord
+from gte_pro.training.module import ContrastiveModule
 from gte_pro.utils.files import remove_stale_temporaries, write_json_atomic
+from gte_pro.utils.plots import plot_run
 from gte_pro.utils.secrets import redact_secrets
 from gte_pro.utils.timing import PhaseTimes
 

@@ -1,0 +1,8 @@
+"""What a run does (``cfg.mode``): one module per mode, all built from the config the same way.
+
+- ``build``: config -> encoder, data module, Lightning module, callbacks, loggers, trainer (shared by every mode
+  and the benchmarks).
+- ``fit``: ``mode=train`` (validate, fit, validate the best checkpoint, export).
+- ``evaluate``: ``mode=eval`` (evaluate any encoder, write metrics.json + metrics.md).
+- ``mine``: ``mode=mine`` (hard negatives for the training rows).
+"""
