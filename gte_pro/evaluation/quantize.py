@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from gte_pro.utils.distributed import is_distributed
+
 QUANTIZATIONS = ("int8", "binary")
 
 
@@ -25,7 +27,7 @@ def int8_ranges(corpus: torch.Tensor) -> torch.Tensor:
     dim = corpus.shape[-1]
     low = corpus.min(0).values if corpus.shape[0] else corpus.new_full((dim,), float("inf"))
     high = corpus.max(0).values if corpus.shape[0] else corpus.new_full((dim,), float("-inf"))
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if is_distributed():
         dist.all_reduce(low, op=dist.ReduceOp.MIN)
         dist.all_reduce(high, op=dist.ReduceOp.MAX)
     return torch.stack([low, high])

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.utilities import move_data_to_device
 
+from gte_pro.utils.distributed import is_distributed
 from gte_pro.utils.files import write_atomic, write_json_atomic
 from gte_pro.utils.progress import logs_this_step
 
@@ -60,7 +61,7 @@ def gradient_norm(params: Iterable[torch.Tensor]) -> torch.Tensor | None:
 
 def _any_rank(flag: torch.Tensor) -> torch.Tensor:
     """``flag`` (0 or 1) maxed over the ranks, so that every rank reads the same decision."""
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if is_distributed():
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return flag
 

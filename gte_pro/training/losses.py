@@ -18,6 +18,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from gte_pro.utils.distributed import is_distributed
+
 
 @dataclass
 class LossOutput:
@@ -80,10 +82,6 @@ class GlobalBatch:
                            self.num_negatives)
 
 
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
 class _GatherRows(torch.autograd.Function):
     """all_gather along dim 0 whose backward hands each rank the sum over ranks of the gradients of its own rows.
 
@@ -115,7 +113,7 @@ class _GatherRows(torch.autograd.Function):
 
 def gather_with_grad(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     """All ranks' ``x`` concatenated along dim 0 (gradients flow back to their owners) and this rank's offset."""
-    if not _distributed():
+    if not is_distributed():
         return x, 0
     return _GatherRows.apply(x), dist.get_rank() * x.shape[0]
 

@@ -35,10 +35,12 @@ def peak_rss_mb_per_rank() -> list[float]:
     process."""
     import torch.distributed as dist
 
+    from gte_pro.utils.distributed import is_distributed, world
+
     peak = peak_rss_mb()
-    if not (dist.is_available() and dist.is_initialized()):
+    if not is_distributed():
         return [peak]
-    peaks: list[Any] = [None] * dist.get_world_size()
+    peaks: list[Any] = [None] * world()[1]
     dist.all_gather_object(peaks, peak)
     return peaks
 
