@@ -25,8 +25,8 @@ from gte_pro import packaged_minilm_path
 from gte_pro.data.collate import EvalCollator
 from gte_pro.data.datasets import EvalTexts
 from gte_pro.data.demo import load_demo_splits
-from gte_pro.evaluation.metrics import RetrievalSet
 from gte_pro.models.encoder import Encoder
+from gte_pro.retrieval import RetrievalSet
 
 # -> (embeddings in input order, real-token share of the batches; None where the encoder does not say)
 Run = Callable[[], tuple[torch.Tensor, float | None]]

@@ -401,9 +401,10 @@ def run_st(opts: argparse.Namespace, variant: Variant) -> Result:
 # --- scoring: one evaluator for every variant ------------------------------------------------------------------------
 def score_model(opts: argparse.Namespace) -> Result:
     """NDCG@10 / Recall@10 of the model in ``opts.model_dir`` (None: the untrained one) on the held-out split."""
-    from gte_pro.evaluation.metrics import RetrievalSet, evaluate_embeddings
+    from gte_pro.evaluation.metrics import evaluate_embeddings
     from gte_pro.models.encoder import Encoder
     from gte_pro.modes.build import build_datamodule
+    from gte_pro.retrieval import RetrievalSet
 
     cfg = compose_cfg(opts)
     encoder = Encoder(opts.model_dir or cfg.model.name_or_path, max_length=cfg.eval.max_length,

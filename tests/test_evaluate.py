@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from gte_pro.data.beir import load_beir
-from gte_pro.evaluation.metrics import RetrievalSet
 from gte_pro.models.encoder import Encoder
+from gte_pro.retrieval import RetrievalSet
 from gte_pro.train import train
 from tests.beir_data import st_evaluator_metrics, write_beir_folder
 from tests.conftest import REPO

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gte_pro.evaluation.metrics import RetrievalSet, evaluate_embeddings, rank_corpus, retrieval_metrics
+from gte_pro.evaluation.metrics import evaluate_embeddings, retrieval_metrics
+from gte_pro.retrieval import RetrievalSet, rank_corpus
 
 
 def test_hand_computed_metrics():

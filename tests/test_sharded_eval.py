@@ -12,16 +12,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import DistributedSampler
 
-from gte_pro.evaluation.metrics import (
-    evaluate_distributed,
-    evaluate_embeddings,
-    owned_mask,
-    rank_corpus,
-    retrieval_metrics,
-    rows_where,
-    sharded_rank,
-)
+from gte_pro.evaluation.metrics import evaluate_distributed, evaluate_embeddings, owned_mask, retrieval_metrics
 from gte_pro.evaluation.quantize import QUANTIZATIONS, int8_ranges, quantize
+from gte_pro.retrieval import rank_corpus, rows_where, sharded_rank
 from tests.conftest import free_port
 
 NUM_QUERIES, NUM_CORPUS, DIM = 40, 301, 16

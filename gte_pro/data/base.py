@@ -31,7 +31,7 @@ from gte_pro.data.datasets import EvalTextsCache, ExampleView, TokenizedPairs
 from gte_pro.data.records import CleaningReport, DataError, Example, iter_clean_examples
 from gte_pro.data.sampling import EpochSampler, ResumableLoader
 from gte_pro.data.split import is_held_out
-from gte_pro.evaluation.metrics import RetrievalSet
+from gte_pro.retrieval import RetrievalSet
 from gte_pro.utils.files import write_error
 
 log = logging.getLogger(__name__)

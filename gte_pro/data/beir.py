@@ -29,7 +29,7 @@ from gte_pro.data.records import (
     iter_text_lines,
     type_name,
 )
-from gte_pro.evaluation.metrics import RetrievalSet
+from gte_pro.retrieval import RetrievalSet
 
 log = logging.getLogger(__name__)
 

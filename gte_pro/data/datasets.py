@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.cache import TokenizedCache
 from gte_pro.data.records import Example
-from gte_pro.evaluation.metrics import RetrievalSet
+from gte_pro.retrieval import RetrievalSet
 
 if TYPE_CHECKING:  # the mining package builds on the data package, not the other way round
     from gte_pro.mining.pool import NegativePool

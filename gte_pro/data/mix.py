@@ -31,7 +31,7 @@ from gte_pro.data.jsonl import JsonlDataModule
 from gte_pro.data.mix_sampling import MixedPairs, MixSampler, offsets_of, source_probabilities
 from gte_pro.data.records import DataError, Example
 from gte_pro.data.sampling import ResumableLoader
-from gte_pro.evaluation.metrics import RetrievalSet
+from gte_pro.retrieval import RetrievalSet
 
 log = logging.getLogger(__name__)
 

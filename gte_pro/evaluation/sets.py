@@ -17,7 +17,7 @@ from gte_pro.data.beir import BeirSet
 from gte_pro.data.collate import EvalCollator
 from gte_pro.data.corpus_store import load_beir_stored
 from gte_pro.data.datasets import EvalTextsCache
-from gte_pro.evaluation.metrics import RetrievalSet
+from gte_pro.retrieval import RetrievalSet
 
 
 def _entry_spec(entry: Any, where: str) -> tuple[str, Any, Any]:

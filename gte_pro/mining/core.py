@@ -25,7 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gte_pro.evaluation.metrics import _gather_columns, _order_candidates, _top_candidates, _world
+from gte_pro.retrieval import gather_columns, order_candidates, top_candidates
+from gte_pro.utils.distributed import is_distributed, world
 
 SAMPLING = ("top", "random")
 _TIE_SPARE = 16  # extra candidates per rank, so that near-ties at the window's edge are scored exactly
@@ -144,7 +145,7 @@ def _positive_scores(q: torch.Tensor, c: torch.Tensor, local_of: torch.Tensor, p
     rows, cols = pairs[0][local], local_of[pairs[1][local]]
     if rows.numel():
         best = best.scatter_reduce(0, rows, pair_scores(q, c, rows, cols[:, None], budget)[:, 0], reduce="amin")
-    if _world()[1] > 1:
+    if is_distributed():
         dist.all_reduce(best, op=dist.ReduceOp.MIN)
     return torch.where(torch.isinf(best), torch.full_like(best, math.nan), best)
 
@@ -158,7 +159,7 @@ def _local_candidates(q: torch.Tensor, c: torch.Tensor, corpus_index: torch.Tens
     ids = torch.full((q.shape[0], width), num_corpus, dtype=torch.long, device=q.device)
     local = min(width, c.shape[0])
     if local:
-        _, found = _top_candidates(q, c, local, budget)
+        _, found = top_candidates(q, c, local, budget)
         values[:, :local] = pair_scores(q, c, torch.arange(q.shape[0], device=q.device), found, budget)
         ids[:, :local] = corpus_index.to(q.device)[found]
     return values, ids
@@ -229,8 +230,8 @@ def _select(ids: torch.Tensor, scores: torch.Tensor, positive: torch.Tensor, is_
 
 def _merged(values: torch.Tensor, ids: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Every rank's candidates side by side -> (ids, scores) of the best ``width``, equal scores by lower id."""
-    values, ids = _gather_columns(values), _gather_columns(ids)
-    ordered = _order_candidates(values, ids, width)
+    values, ids = gather_columns(values), gather_columns(ids)
+    ordered = order_candidates(values, ids, width)
     by_id = ids.sort(dim=1)  # ids are distinct per row (shards do not overlap), padding sorts last
     found = torch.searchsorted(by_id.values, ordered)
     return ordered, values.gather(1, by_id.indices).gather(1, found)
@@ -287,7 +288,7 @@ def mine_negatives(query_emb: torch.Tensor, corpus_emb: torch.Tensor, corpus_ind
         values, ids = _local_candidates(q, c, corpus_index, num_corpus, columns, budget)
         del local_of
         out_ids, out_scores, dropped = [], [], 0
-        step = max(1, budget // (_world()[1] * columns))
+        step = max(1, budget // (world()[1] * columns))
         for start in range(0, q.shape[0], step):
             merged_ids, merged_scores = _merged(values[start : start + step], ids[start : start + step], width)
             is_positive = _positive_mask(merged_ids, start, pairs, num_corpus)

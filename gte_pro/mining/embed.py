@@ -23,10 +23,10 @@ import torch
 
 from gte_pro.data.collate import EvalCollator
 from gte_pro.data.datasets import TokenizedTexts, longest_first
-from gte_pro.evaluation.metrics import all_gather_rows
 from gte_pro.mining.core import MinedNegatives, MiningOptions, mine_negatives
 from gte_pro.mining.problem import MiningCorpus
 from gte_pro.models.encoder import Encoder
+from gte_pro.retrieval import all_gather_rows
 from gte_pro.utils.progress import Progress
 
 log = logging.getLogger(__name__)
