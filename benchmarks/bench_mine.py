@@ -30,8 +30,8 @@ from harness import Column, Result  # noqa: E402
 from gte_pro import packaged_minilm_path  # noqa: E402
 from gte_pro.data.demo import load_demo_splits  # noqa: E402
 from gte_pro.data.records import Example  # noqa: E402
-from gte_pro.mining.core import MiningOptions  # noqa: E402
 from gte_pro.mining.embed import mine_texts  # noqa: E402
+from gte_pro.mining.options import MiningOptions  # noqa: E402
 from gte_pro.mining.problem import build_problem  # noqa: E402
 from gte_pro.mining.report import mined_rows  # noqa: E402
 from gte_pro.models.encoder import Encoder  # noqa: E402

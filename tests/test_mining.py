@@ -20,9 +20,10 @@ import torch.multiprocessing as mp
 from gte_pro import packaged_minilm_path
 from gte_pro.data.records import MAX_TEXT_CHARS, DataError, Example, clean_text
 from gte_pro.mining import corpus as corpus_module
-from gte_pro.mining.core import MiningOptions, mine_negatives, mining_options, unit_rows
+from gte_pro.mining.core import mine_negatives, unit_rows
 from gte_pro.mining.corpus import open_text_store, read_corpus_file
 from gte_pro.mining.embed import mine_texts
+from gte_pro.mining.options import MiningOptions, mining_options
 from gte_pro.mining.problem import build_problem
 from tests.conftest import REPO, free_port, write_jsonl
 

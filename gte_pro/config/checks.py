@@ -88,7 +88,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "eval.quantization": subset("int8", "binary"),
     "eval.truncate_dims": lambda v: int_list(v, 1),
     "eval.before": FLAG,
-    # mining (mode=mine); the cross-key rules (range_min < range_max) are gte_pro.mining.core.option_problems'
+    # mining (mode=mine); the cross-key rules (range_min < range_max) are gte_pro.mining.options.option_problems'
     "mine.num_negatives": integer(1),
     "mine.range_min": integer(0),
     "mine.range_max": integer(1),

@@ -23,7 +23,8 @@ import torch
 
 from gte_pro.data.collate import EvalCollator
 from gte_pro.data.datasets import TokenizedTexts, longest_first
-from gte_pro.mining.core import MinedNegatives, MiningOptions, mine_negatives
+from gte_pro.mining.core import MinedNegatives, mine_negatives
+from gte_pro.mining.options import MiningOptions
 from gte_pro.mining.problem import MiningCorpus
 from gte_pro.models.encoder import Encoder
 from gte_pro.retrieval import all_gather_rows

@@ -19,8 +19,8 @@ import numpy as np
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from gte_pro.data.records import DataError
-from gte_pro.mining.core import MiningOptions
 from gte_pro.mining.embed import mine_texts
+from gte_pro.mining.options import MiningOptions
 from gte_pro.mining.pool import NegativePool, write_pool
 
 log = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ def remine_callback(cfg: Any, output_dir: Path) -> RemineNegatives | None:
     every, at_start = int(remine.get("every_n_epochs", 0) or 0), bool(remine.get("at_start", False))
     if not every and not at_start:
         return None
-    from gte_pro.mining.core import mining_options
+    from gte_pro.mining.options import mining_options
 
     mine = cfg.get("mine") or {}
     return RemineNegatives(output_dir / "negatives", mining_options(mine, cfg.seed), every, at_start,

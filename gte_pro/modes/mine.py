@@ -28,9 +28,10 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
-from gte_pro.mining.core import MinedNegatives, MiningOptions, mining_options
+from gte_pro.mining.core import MinedNegatives
 from gte_pro.mining.corpus import TextStore, ensure_text_store
 from gte_pro.mining.embed import mine_texts
+from gte_pro.mining.options import MiningOptions, mining_options
 from gte_pro.mining.problem import MiningProblem, build_problem, corpus_files_setting, hash_held_out_rows
 from gte_pro.mining.report import write_mine_outputs
 from gte_pro.models.encoder import Encoder
