@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 import torch
 
-from gte_pro.data import cache as token_cache
 from gte_pro.data import demo
 from gte_pro.data.records import Example
 from gte_pro.export.card import write_model_card
@@ -226,7 +225,7 @@ def test_a_token_cache_whose_flush_fails_is_not_published(tmp_path, pairs_file, 
 
     module = JsonlDataModule(train_file=str(pairs_file), tokenizer=tokenizer, cache_dir=str(tmp_path / "c"),
                              val_fraction=0.2)
-    monkeypatch.setattr(token_cache, "fsync_tree", full_disk)
+    monkeypatch.setattr(files, "fsync_tree", full_disk)
     with pytest.raises(WriteError) as error:
         module.prepare_data()
     assert str(error.value) == f"could not write {module._cache_folder()}: {FULL}"

@@ -18,21 +18,14 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
-from gte_pro.data.cache import (
-    TokenizedCache,
-    cache_key,
-    publish,
-    temporary_folder,
-    tokenizer_fingerprint,
-    write_tokenized,
-)
+from gte_pro.data.cache import TokenizedCache, cache_key, tokenizer_fingerprint, write_tokenized
 from gte_pro.data.collate import EvalCollator, TokenCollator
 from gte_pro.data.datasets import EvalTextsCache, ExampleView, TokenizedPairs
 from gte_pro.data.records import CleaningReport, DataError, Example, iter_clean_examples
 from gte_pro.data.sampling import EpochSampler, ResumableLoader
 from gte_pro.data.split import is_held_out
 from gte_pro.retrieval import RetrievalSet
-from gte_pro.utils.files import write_error
+from gte_pro.utils.files import published_folder, write_error
 
 log = logging.getLogger(__name__)
 
@@ -181,8 +174,7 @@ class ContrastiveDataModule(LightningDataModule, abc.ABC):
     def _build_cache(self, folder: Path) -> None:
         tokenizer = self._require_tokenizer()
         self._live_reports = []
-        tmp = temporary_folder(folder)
-        try:
+        with published_folder(folder) as tmp:
             train, val, distractors = self.load_rows()
             held_out: list[Example] = []
             rows = self._training_stream(train, held_out if val is None else None)
@@ -199,10 +191,6 @@ class ContrastiveDataModule(LightningDataModule, abc.ABC):
                 (tmp / "meta.json").write_text(json.dumps(meta))
             except OSError as error:
                 raise write_error(folder, error) from error
-            publish(tmp, folder)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
 
     def _check_rows(self, count: int, val: list[Example], reports: list[dict[str, Any]]) -> None:
         if not count:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ import pyarrow as pa
 from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.records import Example
-from gte_pro.utils.files import fsync_tree, make_folder, temporary_sibling, write_error, writes_to
+from gte_pro.utils.files import writes_to
 from gte_pro.utils.progress import Progress
 
 # 2: texts are cut at 100,000 characters when cleaned (gte_pro.data.records): older caches are rebuilt
@@ -175,26 +174,3 @@ class TokenizedCache:
     def validation(self) -> tuple[list[Example], list[str]]:
         val = [Example(q, positives, negatives) for q, positives, negatives in self.meta["val"]]
         return val, self.meta["distractors"]
-
-
-def publish(tmp: Path, folder: Path) -> None:
-    """Flush a finished build to disk and rename it into place; if another process (a DDP rank on another node)
-    won, keep theirs. A full disk that only shows at the flush fails here, before the build is published."""
-    try:
-        fsync_tree(tmp)
-        tmp.rename(folder)
-    except OSError as error:
-        if not (folder / "meta.json").is_file():
-            raise write_error(folder, error) from error
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def temporary_folder(folder: Path) -> Path:
-    """An empty build folder beside ``folder`` (the same naming as every other atomic write)."""
-    tmp = temporary_sibling(folder)
-    try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        make_folder(tmp)
-    except OSError as error:
-        raise write_error(folder, error) from error
-    return tmp

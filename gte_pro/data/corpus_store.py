@@ -23,7 +23,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -43,9 +42,9 @@ from gte_pro.data.beir import (
     read_beir_qrels,
     read_beir_queries,
 )
-from gte_pro.data.cache import cache_key, file_signature, publish, temporary_folder, tokenizer_fingerprint
+from gte_pro.data.cache import cache_key, file_signature, tokenizer_fingerprint
 from gte_pro.data.records import DataError
-from gte_pro.utils.files import CheckedSink, writes_to
+from gte_pro.utils.files import CheckedSink, published_folder, writes_to
 from gte_pro.utils.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -153,8 +152,7 @@ def build_corpus_store(corpus_file: Path, documents: Documents, folder: Path, to
     """Stream ``corpus_file`` into a store at ``folder`` (see the module's docstring)."""
     log.info("corpus: tokenizing %s into %s", corpus_file, folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_folder(folder)
-    try:
+    with published_folder(folder) as tmp:
         count, anomalies = _write_store(corpus_file, documents, tmp, tokenizer, max_length, doc_prefix)
         if not count:
             raise DataError(f"{corpus_file}: no documents")
@@ -162,9 +160,6 @@ def build_corpus_store(corpus_file: Path, documents: Documents, folder: Path, to
                 "max_length": max_length, "doc_prefix": doc_prefix}
         with writes_to(tmp / "meta.json"):
             (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
-        publish(tmp, folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def save_array(path: Path, values: np.ndarray) -> None:

@@ -23,17 +23,16 @@ import array
 import json
 import logging
 import os
-import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from gte_pro.data.cache import cache_key, file_signature, publish, temporary_folder, tokenizer_fingerprint
+from gte_pro.data.cache import cache_key, file_signature, tokenizer_fingerprint
 from gte_pro.data.corpus_store import CHUNK, CorpusStore, TokenWriter, hash64, save_array
 from gte_pro.data.records import MAX_TEXT_CHARS, DataError, clean_text, iter_jsonl, type_name
-from gte_pro.utils.files import CheckedSink, writes_to
+from gte_pro.utils.files import CheckedSink, published_folder, writes_to
 from gte_pro.utils.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -125,8 +124,7 @@ def build_text_store(files: Sequence[str | Path], folder: Path, tokenizer: PreTr
                      doc_prefix: str = "") -> None:
     log.info("mining corpus: tokenizing %s into %s", ", ".join(map(str, files)), folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_folder(folder)
-    try:
+    with published_folder(folder) as tmp:
         lines_per_file = _write_lines(files, tmp, tokenizer, max_length, doc_prefix)
         if not sum(lines_per_file):
             raise DataError(f"mine.corpus_files: {', '.join(map(str, files))}: no documents")
@@ -135,9 +133,6 @@ def build_text_store(files: Sequence[str | Path], folder: Path, tokenizer: PreTr
                 "lines_per_file": lines_per_file, "max_length": max_length, "doc_prefix": doc_prefix}
         with writes_to(tmp / "meta.json"):
             (tmp / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
-        publish(tmp, folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _write_lines(files: Sequence[str | Path], tmp: Path, tokenizer: PreTrainedTokenizerBase, max_length: int,

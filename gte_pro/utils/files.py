@@ -90,6 +90,44 @@ def make_folder(folder: Path) -> None:
         raise NotADirectoryError(errno.ENOTDIR, f"{os.strerror(errno.ENOTDIR)}: {folder} is a file") from error
 
 
+@contextlib.contextmanager
+def published_folder(folder: Path, marker: str = "meta.json") -> Iterator[Path]:
+    """The one atomic publish of a store (token cache, corpus stores): the block fills an empty temporary sibling
+    of ``folder`` (yielded); when it ends without an error the build is flushed and renamed to ``folder``. A store is
+    never replaced: if another process (a DDP rank on another node) published first (``folder/marker`` exists),
+    theirs is kept. Whatever happens, no temporary folder is left; a failed write is a ``WriteError`` naming
+    ``folder``."""
+    tmp = temporary_folder(folder)
+    try:
+        yield tmp
+        publish(tmp, folder, marker)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def temporary_folder(folder: Path) -> Path:
+    """An empty build folder beside ``folder`` (the same naming as every other atomic write)."""
+    tmp = temporary_sibling(folder)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        make_folder(tmp)
+    except OSError as error:
+        raise write_error(folder, error) from error
+    return tmp
+
+
+def publish(tmp: Path, folder: Path, marker: str = "meta.json") -> None:
+    """Flush a finished build to disk and rename it into place; if another process won (``folder/marker`` exists),
+    keep theirs. A full disk that only shows at the flush fails here, before the build is published."""
+    try:
+        fsync_tree(tmp)
+        tmp.rename(folder)
+    except OSError as error:
+        if not (folder / marker).is_file():
+            raise write_error(folder, error) from error
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def fsync_tree(path: Path) -> None:
     """Flush a file, or every file of a folder and the folder itself, to disk (errors of a full disk surface
     here, before anything is renamed)."""
