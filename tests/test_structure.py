@@ -1,4 +1,5 @@
-"""The package's layout rules: no import cycle, no oversized module, config targets a reader can find.
+"""The package's layout rules: floors (a folder imports only the folders below it), no import cycle, no private name
+imported from another folder, no oversized module, config targets a reader can find.
 
 These read the source (``ast``) and the YAML files, so they run in well under a second.
 """
@@ -16,6 +17,19 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "gte_pro"
 MAX_MODULE_LINES = 300
+
+# The floors of gte_pro, ground first: a module imports its own folder and the folders of lower floors, never a
+# folder of its own floor or above. A top-level module (retrieval.py, train.py) is a folder of its own; "" is the
+# package's __init__. A new folder needs a line here: deciding its floor is deciding where it sits in the design.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("errors", "utils"),  # ground: errors, files, progress, the distributed check; no models, no data
+    ("retrieval", "launch"),  # exact top-k and retrieval sets; processes, checkpoints, resuming, sweeps
+    ("data", "models"),  # rows -> batches and stores; the encoder and what shapes it
+    ("evaluation", "mining"),  # metrics and evaluation sets; hard negatives
+    ("training", "export", "config"),  # inside trainer.fit; exports of a trained encoder; checking a config
+    ("modes",),  # what a run does (build, fit, evaluate, mine)
+    ("train", ""),  # the entry train(cfg); the package's config resolvers (lazy imports when Hydra resolves)
+)
 
 
 def module_name(path: Path) -> str:
@@ -60,6 +74,35 @@ def import_graph() -> dict[str, set[str]]:
     return {module_name(p): internal_imports(p, modules) - {module_name(p)} for p in paths}
 
 
+def folder(module: str) -> str:
+    """``gte_pro.data.cache`` -> ``data``; ``gte_pro.retrieval`` -> ``retrieval``; ``gte_pro`` -> ``""``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def floor_of(name: str) -> int:
+    return next(i for i, names in enumerate(FLOORS) if name in names)
+
+
+def upward_imports(graph: Mapping[str, set[str]]) -> list[str]:
+    """``a -> b`` for every import of a folder on the same floor or higher (its own folder is fine)."""
+    return sorted(f"{a} -> {b}" for a, imported in graph.items() for b in imported
+                  if folder(a) != folder(b) and floor_of(folder(b)) >= floor_of(folder(a)))
+
+
+def private_imports(module: str, source: str, modules: set[str]) -> list[str]:
+    """``from gte_pro.x.y import _name`` in ``module`` where ``gte_pro.x.y`` sits in another folder."""
+    found = []
+    for node in _imports(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gte_pro"):
+            for alias in node.names:
+                source_module = f"{node.module}.{alias.name}"
+                source_module = source_module if source_module in modules else node.module
+                if alias.name.startswith("_") and folder(source_module) != folder(module):
+                    found.append(f"{module}: {node.module}.{alias.name}")
+    return found
+
+
 def find_cycle(graph: Mapping[str, set[str]]) -> list[str] | None:
     """One import cycle as a path [a, b, ..., a], or None (depth-first search with colours)."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done
@@ -101,6 +144,41 @@ def test_the_package_has_no_import_cycle():
     assert "gte_pro.modes.build" in graph["gte_pro.modes.fit"]  # the graph is real: fit builds through the builders
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_every_folder_has_a_floor():
+    folders = {folder(module) for module in import_graph()}
+    assert all(len(names) == len(set(names)) for names in FLOORS)
+    unplaced = sorted(f for f in folders if not any(f in names for names in FLOORS))
+    assert not unplaced, f"give these folders a floor in FLOORS: {unplaced}"
+
+
+def test_the_floor_rule_catches_upward_and_sideways_imports():
+    graph = {"gte_pro.data.base": {"gte_pro.data.cache", "gte_pro.retrieval", "gte_pro.modes.fit"},
+             "gte_pro.evaluation.sets": {"gte_pro.mining.core", "gte_pro.data.base"}}
+    assert upward_imports(graph) == ["gte_pro.data.base -> gte_pro.modes.fit",
+                                     "gte_pro.evaluation.sets -> gte_pro.mining.core"]
+
+
+def test_no_folder_imports_its_own_floor_or_above():
+    graph = import_graph()
+    assert "gte_pro.retrieval" in graph["gte_pro.data.base"]  # the graph is real: data builds retrieval sets
+    upward = upward_imports(graph)
+    assert not upward, "imports from the same floor or above (see FLOORS):\n" + "\n".join(upward)
+
+
+def test_the_private_name_finder_sees_a_cross_folder_import():
+    source = "from gte_pro.evaluation.metrics import _hidden, shown\nfrom gte_pro.mining.core import _own\n"
+    assert private_imports("gte_pro.mining.embed", source, {"gte_pro.evaluation.metrics", "gte_pro.mining.core"}) == [
+        "gte_pro.mining.embed: gte_pro.evaluation.metrics._hidden"]
+
+
+def test_no_private_name_is_imported_from_another_folder():
+    paths = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(p) for p in paths}
+    found = [hit for path in paths for hit in private_imports(module_name(path), path.read_text(), modules)]
+    assert not found, "private names imported across folders (make them public where they belong):\n" + \
+        "\n".join(found)
 
 
 def test_no_module_is_oversized():
