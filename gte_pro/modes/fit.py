@@ -5,15 +5,18 @@ Writes ``<run dir>/metrics.json`` and ``<run dir>/model/`` (plus the exports of 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
-from lightning.pytorch import Trainer
+from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
@@ -72,15 +75,6 @@ def _best_checkpoint(trainer: Trainer) -> str | None:
     return path or None
 
 
-def _finish_wandb(loggers: list[Logger], failed: bool) -> None:
-    """A sweep runs many jobs in one process: close each job's wandb run (marked failed when the job raised) so that
-    the next job starts a run of its own instead of logging into this one."""
-    if any(type(lg).__name__ == "WandbLogger" for lg in loggers):
-        import wandb
-
-        wandb.finish(exit_code=1 if failed else 0)
-
-
 def _remove_leftovers(output_dir: Path) -> None:
     """Rank 0: temporary files of a killed earlier start (a checkpoint, an export half written) go first."""
     if rank_zero_only.rank != 0:
@@ -94,25 +88,53 @@ def _format(metrics: dict[str, float]) -> str:
     return " ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()))
 
 
+@dataclass
+class Run:
+    """One ``mode=train`` run as ``set_up`` builds it: what trains on what, where it writes, and the callbacks whose
+    records the summary reads."""
+
+    cfg: DictConfig
+    output_dir: Path
+    module: ContrastiveModule
+    datamodule: Any
+    trainer: Trainer
+    callbacks: list[Callback]
+    loggers: list[Logger]
+    ckpt_path: str | None  # the checkpoint it resumes from (None: a fresh start)
+    config_changes: dict[str, Any]  # keys that differ from the config of the run it resumes
+    validation: ValidationRecord
+    throughput: Throughput | None
+    remine: RemineNegatives | None
+    times: PhaseTimes
+
+
 def fit(cfg: DictConfig) -> float | None:
     """Fit an encoder as ``cfg`` says; write ``metrics.json`` and ``model/``; return ``cfg.optimized_metric``."""
     times = PhaseTimes()
     with times.phase("setup"):
-        module, datamodule, callbacks, loggers, ckpt_path, config_changes = _set_up(cfg)
-    output_dir = Path(cfg.paths.output_dir)
-    failed = True
-    try:
-        after = _fit_validate_export(cfg, output_dir, module, datamodule, callbacks, loggers, ckpt_path,
-                                     config_changes, times)
-        failed = False
-    finally:
-        _finish_wandb(loggers, failed)
+        run = set_up(cfg, times)
+    with _wandb_run_closed(run.loggers):
+        for lg in run.loggers:
+            lg.log_hyperparams(redact_secrets(OmegaConf.to_container(cfg, resolve=True)))
+        suggested_lr = _find_lr(run)
+        with times.phase("validation before"):
+            before = _validate_before(run)
+        if before:
+            optimized_value(before, cfg.get("optimized_metric"))  # a wrong name fails now, not after training
+        with times.phase("training"):
+            run.trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=run.ckpt_path)
+        train_metrics = {**run.module.train_metrics(), **(run.throughput.rates() if run.throughput else {})}
+        best_ckpt = _best_checkpoint(run.trainer)
+        with times.phase("validation after"):
+            after = _validate_best(run, best_ckpt)
+        if run.trainer.is_global_zero:
+            _export_and_record(run, _summary(run, before, after, train_metrics, best_ckpt, suggested_lr))
     return optimized_value(after, cfg.get("optimized_metric"))
 
 
-def _set_up(cfg: DictConfig) -> tuple[ContrastiveModule, Any, list[Any], list[Logger], str | None, dict[str, Any]]:
+def set_up(cfg: DictConfig, times: PhaseTimes) -> Run:
     """Everything before the first validation: the run folder, resume decision, encoder, data, module, callbacks,
-    loggers."""
+    loggers and trainer."""
     seed_and_precision(cfg)
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -128,14 +150,44 @@ def _set_up(cfg: DictConfig) -> tuple[ContrastiveModule, Any, list[Any], list[Lo
     attach_eval_sets(datamodule, cfg)  # eval.beir: validated (and logged) next to the held-out split
     module = build_module(cfg, encoder)
     _log_parameters(encoder)
-    callbacks = [*instantiate_dict(cfg.get("callbacks")), ValidationRecord()]
+    configured = instantiate_dict(cfg.get("callbacks"))
+    validation = ValidationRecord()
+    callbacks = [*configured, validation]
     if under_submitit():
         callbacks.append(PreemptionCheckpoint(output_dir))
     remine = remine_callback(cfg, output_dir)
     if remine is not None:
         callbacks.append(remine)
     loggers = instantiate_dict(cfg.get("logger"))
-    return module, datamodule, callbacks, loggers, ckpt_path, config_changes
+    return Run(cfg=cfg, output_dir=output_dir, module=module, datamodule=datamodule,
+               trainer=build_trainer(cfg, callbacks, loggers), callbacks=callbacks, loggers=loggers,
+               ckpt_path=ckpt_path, config_changes=config_changes, validation=validation,
+               throughput=next((cb for cb in configured if isinstance(cb, Throughput)), None), remine=remine,
+               times=times)
+
+
+@contextlib.contextmanager
+def _wandb_run_closed(loggers: list[Logger]) -> Iterator[None]:
+    """A sweep runs many jobs in one process: close each job's wandb run (marked failed when the job raised) so that
+    the next job starts a run of its own instead of logging into this one."""
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        if any(type(lg).__name__ == "WandbLogger" for lg in loggers):
+            import wandb
+
+            wandb.finish(exit_code=1 if failed else 0)
+
+
+def _find_lr(run: Run) -> float | None:
+    """``lr_find=true``: the suggested learning rate, which the module then trains with (not on a resumed run)."""
+    if run.cfg.get("lr_find") and run.ckpt_path:
+        log.info("lr_find: skipped, the run resumes from %s with its optimizer's learning rate", run.ckpt_path)
+    elif run.cfg.get("lr_find"):
+        return run_lr_find(run.trainer, run.module, run.datamodule, run.output_dir, run.cfg.get("lr_find_steps", 100))
+    return None
 
 
 def _plot_curves(output_dir: Path) -> None:
@@ -160,88 +212,62 @@ def _log_parameters(encoder: Encoder) -> None:
     log.info("encoder: %.1f M parameters, %.3f M trainable", counts["total"] / 1e6, counts["trainable"] / 1e6)
 
 
-def _validate_before(cfg: DictConfig, trainer: Trainer, module: ContrastiveModule, datamodule: Any,
-                     output_dir: Path, ckpt_path: str | None) -> dict[str, float] | None:
+def _validate_before(run: Run) -> dict[str, float] | None:
     """The untrained model's metrics: measured on a run's first start and kept in the run folder, so that a
     resumed run reports the same numbers as an uninterrupted one."""
-    record = output_dir / VAL_BEFORE
-    if not OmegaConf.select(cfg, "eval.before", default=True):
+    record = run.output_dir / VAL_BEFORE
+    if not OmegaConf.select(run.cfg, "eval.before", default=True):
         return None  # eval.before=false: the untrained model's figures are not needed (a sweep measures them once)
-    if ckpt_path:
+    if run.ckpt_path:
         return json.loads(record.read_text(encoding="utf-8")) if record.is_file() else None
-    before = merge_results(trainer.validate(module, datamodule=datamodule, verbose=False))
+    before = merge_results(run.trainer.validate(run.module, datamodule=run.datamodule, verbose=False))
     log.info("validation before training: %s", _format(before))
-    if trainer.is_global_zero:
+    if run.trainer.is_global_zero:
         write_json_atomic(record, before)
     return before
 
 
-def _validate_best(trainer: Trainer, module: ContrastiveModule, datamodule: Any, best_ckpt: str | None,
-                   record: ValidationRecord) -> dict[str, float]:
+def _validate_best(run: Run, best_ckpt: str | None) -> dict[str, float]:
     """The metrics of the best checkpoint (no checkpointing: the last weights), whose weights the module holds after
     this call, for the exports. A checkpoint that was validated during this fit is loaded, not validated again."""
     if best_ckpt:
         checkpoint = torch.load(best_ckpt, map_location="cpu", mmap=True, weights_only=True)
-        known = record.by_step.get(checkpoint["global_step"])
+        known = run.validation.by_step.get(checkpoint["global_step"])
         if known:
-            module.load_state_dict(checkpoint["state_dict"])
+            run.module.load_state_dict(checkpoint["state_dict"])
             log.info("validation after training (%s): validated at step %d with the same weights: %s", best_ckpt,
                      checkpoint["global_step"], _format(known))
             return known
-    after = merge_results(trainer.validate(module, datamodule=datamodule, ckpt_path=best_ckpt, verbose=False))
+    after = merge_results(run.trainer.validate(run.module, datamodule=run.datamodule, ckpt_path=best_ckpt,
+                                               verbose=False))
     log.info("validation after training (%s): %s", best_ckpt or "last weights", _format(after))
     return after
 
 
-def _fit_validate_export(cfg: DictConfig, output_dir: Path, module: ContrastiveModule, datamodule: Any,
-                         callbacks: list[Any], loggers: list[Logger], ckpt_path: str | None,
-                         config_changes: dict[str, Any], times: PhaseTimes) -> dict[str, float]:
-    """Validate, fit, validate the best checkpoint; on rank 0 export and write metrics.json. The final metrics."""
-    trainer = build_trainer(cfg, callbacks, loggers)
-    for lg in loggers:
-        lg.log_hyperparams(redact_secrets(OmegaConf.to_container(cfg, resolve=True)))
-
-    suggested_lr = None
-    if cfg.get("lr_find") and ckpt_path:
-        log.info("lr_find: skipped, the run resumes from %s with its optimizer's learning rate", ckpt_path)
-    elif cfg.get("lr_find"):
-        suggested_lr = run_lr_find(trainer, module, datamodule, output_dir, cfg.get("lr_find_steps", 100))
-    with times.phase("validation before"):
-        before = _validate_before(cfg, trainer, module, datamodule, output_dir, ckpt_path)
-    if before:
-        optimized_value(before, cfg.get("optimized_metric"))  # a wrong name fails now, not after training
-    with times.phase("training"):
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
-    rates = next((cb.rates() for cb in callbacks if isinstance(cb, Throughput)), {})
-    train_metrics = {**module.train_metrics(), **rates}
-    best_ckpt = _best_checkpoint(trainer)
-    with times.phase("validation after"):
-        record = next(cb for cb in callbacks if isinstance(cb, ValidationRecord))
-        after = _validate_best(trainer, module, datamodule, best_ckpt, record)
-
-    if trainer.is_global_zero:
-        _export_and_record(cfg, output_dir, module, {
-            "val_before": before,
-            "val": after,
-            "train": train_metrics,
-            "best_checkpoint": best_ckpt,
-            "global_step": trainer.global_step,
-            "world_size": trainer.world_size,
-            "resumed_from": ckpt_path,
-            "resume_config_changes": config_changes,
-            "lr": module.lr,
-            "parameters": _parameter_counts(module.encoder),
-            "lr_find_suggestion": suggested_lr,
-            "data": getattr(datamodule, "reports", []),
-            "remine": next((cb.costs for cb in callbacks if isinstance(cb, RemineNegatives)), None),
-        }, times)
-    return after
+def _summary(run: Run, before: dict[str, float] | None, after: dict[str, float], train_metrics: dict[str, float],
+             best_ckpt: str | None, suggested_lr: float | None) -> dict[str, Any]:
+    """What ``metrics.json`` records of a finished fit (the exports and timings are added by ``_export_and_record``)."""
+    return {
+        "val_before": before,
+        "val": after,
+        "train": train_metrics,
+        "best_checkpoint": best_ckpt,
+        "global_step": run.trainer.global_step,
+        "world_size": run.trainer.world_size,
+        "resumed_from": run.ckpt_path,
+        "resume_config_changes": run.config_changes,
+        "lr": run.module.lr,
+        "parameters": _parameter_counts(run.module.encoder),
+        "lr_find_suggestion": suggested_lr,
+        "data": getattr(run.datamodule, "reports", []),
+        "remine": run.remine.costs if run.remine is not None else None,
+    }
 
 
-def _export_and_record(cfg: DictConfig, output_dir: Path, module: ContrastiveModule, summary: dict[str, Any],
-                       times: PhaseTimes) -> None:
+def _export_and_record(run: Run, summary: dict[str, Any]) -> None:
     """Rank 0: ``model/`` and ``metrics.json`` first (a failing export check still leaves both), then the verified
     exports, model card and deployment checks, recorded in ``metrics.json`` with the run's wall-time breakdown."""
+    cfg, output_dir, module, times = run.cfg, run.output_dir, run.module, run.times
     with times.phase("exports"):
         model_dir = export_sentence_transformers(module.encoder, output_dir / "model")
         summary["model_dir"] = str(model_dir)
