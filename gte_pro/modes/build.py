@@ -1,11 +1,13 @@
 """Config -> objects: the one place where a composed Hydra config becomes an encoder, a data module, a Lightning
-module, callbacks, loggers and a trainer. Both entry flows (``gte_pro.modes.fit`` and ``gte_pro.modes.evaluate``) and
-the benchmarks build through these functions, so a run is set up the same way wherever it starts.
+module, callbacks, loggers and a trainer. Every mode (``gte_pro.modes``: fit, evaluate, mine) starts with
+``start_run`` and builds through these functions, as do the benchmarks, so a run is set up the same way wherever it
+starts.
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,6 +43,15 @@ def seed_and_precision(cfg: DictConfig) -> None:
     """Every run starts here: the seeded RNGs (data order, dropout, heads) and the fp32 matmul precision."""
     seed_everything(cfg.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision(cfg.get("matmul_precision", "high"))
+
+
+def start_run(cfg: DictConfig) -> Path:
+    """The first step of every mode: seeds and matmul precision (``seed_and_precision``) and the run folder
+    (``paths.output_dir``, made if missing), which it returns."""
+    seed_and_precision(cfg)
+    output_dir = Path(cfg.paths.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    return output_dir
 
 
 def build_datamodule(cfg: DictConfig, tokenizer: Any, query_prefix: str = "", doc_prefix: str = "") -> Any:

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from gte_pro.evaluation.report import HELD_OUT, merge_results, metrics_by_set, metrics_table, optimized_value
 from gte_pro.evaluation.sets import EvalDataModule, eval_set_specs, load_eval_sets
 from gte_pro.models.encoder import Encoder
-from gte_pro.modes.build import build_datamodule, build_encoder, build_module, build_trainer, seed_and_precision
+from gte_pro.modes.build import build_datamodule, build_encoder, build_module, build_trainer, start_run
 from gte_pro.utils.files import write_json_atomic, write_text_atomic
 from gte_pro.utils.timing import peak_rss_mb_per_rank
 
@@ -51,9 +51,7 @@ def _set_details(cfg: DictConfig, datamodule: Any) -> dict[str, dict[str, Any]]:
 
 def evaluate(cfg: DictConfig) -> float | None:
     """Evaluate ``cfg.model`` as configured; write ``metrics.json`` + ``metrics.md``; return the optimized metric."""
-    seed_and_precision(cfg)
-    output_dir = Path(cfg.paths.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    output_dir = start_run(cfg)
     encoder = build_encoder(cfg)
     datamodule = eval_datamodule(cfg, encoder)
     module = build_module(cfg, encoder)

@@ -34,7 +34,7 @@ from gte_pro.modes.build import (
     build_module,
     build_trainer,
     instantiate_dict,
-    seed_and_precision,
+    start_run,
 )
 from gte_pro.training.callbacks import Throughput, ValidationRecord
 from gte_pro.training.module import ContrastiveModule
@@ -135,9 +135,7 @@ def fit(cfg: DictConfig) -> float | None:
 def set_up(cfg: DictConfig, times: PhaseTimes) -> Run:
     """Everything before the first validation: the run folder, resume decision, encoder, data, module, callbacks,
     loggers and trainer."""
-    seed_and_precision(cfg)
-    output_dir = Path(cfg.paths.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    output_dir = start_run(cfg)
     _remove_leftovers(output_dir)
     ckpt_path = resume_checkpoint(cfg.get("ckpt_path"), cfg.get("resume", "auto"), output_dir)
     config_changes = check_resumed_config(cfg, output_dir, ckpt_path)

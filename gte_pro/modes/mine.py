@@ -35,7 +35,7 @@ from gte_pro.mining.options import MiningOptions, mining_options
 from gte_pro.mining.problem import MiningProblem, build_problem, corpus_files_setting, hash_held_out_rows
 from gte_pro.mining.report import write_mine_outputs
 from gte_pro.models.encoder import Encoder
-from gte_pro.modes.build import build_datamodule, build_encoder, build_trainer, seed_and_precision
+from gte_pro.modes.build import build_datamodule, build_encoder, build_trainer, start_run
 from gte_pro.utils.timing import peak_rss_mb_per_rank
 
 log = logging.getLogger(__name__)
@@ -100,9 +100,7 @@ class MiningModule(LightningModule):
 
 def mine(cfg: DictConfig) -> None:
     """Mine as ``cfg.mine`` says; rank 0 writes the mined file, the report and the plot."""
-    seed_and_precision(cfg)
-    output_dir = Path(cfg.paths.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    output_dir = start_run(cfg)
     options = mining_options(cfg.mine, cfg.seed)
     corpus_files = corpus_files_setting(OmegaConf.to_container(cfg.mine, resolve=True).get("corpus_files"))
     output = Path(cfg.mine.output).expanduser() if cfg.mine.get("output") else output_dir / "mined.jsonl"
