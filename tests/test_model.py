@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from gte_pro import packaged_minilm_path
-from gte_pro.models.encoder import Encoder, detect_pooling, pool
+from gte_pro.models.encoder import Encoder
+from gte_pro.models.pooling import detect_pooling, pool
 
 
 def test_pooling_modes_ignore_padding():
