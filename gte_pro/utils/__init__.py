@@ -1,1 +1,7 @@
-"""Small helpers shared across the package: atomic file writes, markdown tables."""
+"""The ground floor: helpers that know nothing of models, data or runs.
+
+- ``files``: atomic writes of files, folders and stores (``published_folder``), ``WriteError``.
+- ``distributed``: "are we distributed?" (``world``, ``is_distributed``).
+- ``progress``, ``timing``, ``quiet``: logging cadence, phase times and memory, third-party noise.
+- ``tables``, ``plots``, ``secrets``: markdown tables, the training-curve and sweep plots, redacting secrets.
+"""
