@@ -164,7 +164,7 @@ def _unset_or_unresolvable(cfg: DictConfig) -> dict[str, str]:
 
 def _absent_groups(cfg: DictConfig) -> list[str]:
     """``model=null`` or ``~model`` leaves a run without a part it cannot do without."""
-    conf = Path(__file__).resolve().parents[1] / "conf"
+    conf = Path(__file__).resolve().parents[2] / "conf"
     return [f"{group}: no option chosen; valid choices: "
             f"{', '.join(sorted(p.stem for p in (conf / group).glob('*.yaml'))) or '(see conf/)'}"
             for group in REQUIRED_GROUPS if not isinstance(cfg.get(group), DictConfig)]
