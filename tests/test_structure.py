@@ -22,7 +22,8 @@ MAX_MODULE_LINES = 300
 # folder of its own floor or above. A top-level module (retrieval.py, train.py) is a folder of its own; "" is the
 # package's __init__. A new folder needs a line here: deciding its floor is deciding where it sits in the design.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("errors", "utils"),  # ground: errors, files, progress, the distributed check; no models, no data
+    ("errors",),  # ground: the exception types of a user's mistakes
+    ("utils",),  # files, progress, timing, the distributed check: no models, no data
     ("retrieval", "launch"),  # exact top-k and retrieval sets; processes, checkpoints, resuming, sweeps
     ("data", "models"),  # rows -> batches and stores; the encoder and what shapes it
     ("evaluation", "mining"),  # metrics and evaluation sets; hard negatives
