@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install train test test-slow test-all lint clean bench bench-eval bench-gradcache bench-mine bench-scale bench-negatives bench-options bench-gpu bench-eval-memory reliability
+.PHONY: install train test test-slow test-all lint docs clean bench bench-eval bench-gradcache bench-mine bench-scale bench-negatives bench-options bench-gpu bench-eval-memory reliability
 
 # torch first and alone: the pinned CPU wheel; an open range would pull a multi-GB CUDA build
 $(VENV)/.installed: pyproject.toml
@@ -29,6 +29,10 @@ test-slow: install
 
 lint: install
 	$(VENV)/bin/ruff check gte_pro tests train.py benchmarks hydra_plugins scripts
+
+# the documentation site (mkdocs.yml, docs/): --strict turns broken links and anchors into errors
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 # corpus encoding texts/s: our evaluation vs sentence-transformers' encode (~2 min on 2 CPU cores)
 # make bench-eval ARGS="--texts 1000 --batch-size 64 --max-length 256"
