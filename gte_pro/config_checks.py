@@ -28,13 +28,9 @@ from gte_pro.config_rules import (
     number_list,
     subset,
 )
+from gte_pro.errors import ConfigError
 from gte_pro.heads import PROJECTION_KEYS
 from gte_pro.lora import LORA_KEYS
-
-
-class ConfigError(ValueError):
-    """A composed config with a wrong value or key; the message names each key and what is valid."""
-
 
 _ABSENT = object()
 REQUIRED_GROUPS = ("model", "data", "loss", "optimizer", "trainer")

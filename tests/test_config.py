@@ -147,7 +147,7 @@ def test_callback_options(make_cfg, option):
     if option == "none":
         assert names == set()
     else:
-        assert {"ModelCheckpoint", "EarlyStopping", "LearningRateMonitor", "Throughput", "RichProgressBar"} <= names
+        assert {"ModelCheckpoint", "EarlyStopping", "LearningRateMonitor", "Throughput", "ProgressBar"} <= names
     if option == "swa":
         assert "StochasticWeightAveraging" in names
 
@@ -230,7 +230,8 @@ def test_optuna_preset_uses_the_optuna_sweeper(make_cfg):
 
 
 def test_the_learning_rate_has_one_source_of_truth(make_cfg):
-    from gte_pro.config_checks import ConfigError, check_config
+    from gte_pro.config_checks import check_config
+    from gte_pro.errors import ConfigError
 
     cfg = make_cfg(["model.lr=1e-4"])
     check_config(cfg)
@@ -241,14 +242,16 @@ def test_the_learning_rate_has_one_source_of_truth(make_cfg):
 
 
 def test_an_unknown_similarity_names_the_valid_ones(make_cfg):
-    from gte_pro.config_checks import ConfigError, check_config
+    from gte_pro.config_checks import check_config
+    from gte_pro.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"loss.similarity='euclid': valid choices: cosine, dot"):
         check_config(make_cfg(["loss.similarity=euclid"]))
 
 
 def test_eval_quantization_takes_the_known_precisions(make_cfg):
-    from gte_pro.config_checks import ConfigError, check_config
+    from gte_pro.config_checks import check_config
+    from gte_pro.errors import ConfigError
 
     check_config(make_cfg(["eval.quantization=[int8,binary]"]))
     with pytest.raises(ConfigError, match=r"eval.quantization=\['int4'\]: expected a list of distinct values of: "

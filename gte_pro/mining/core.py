@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gte_pro.errors import ConfigError
 from gte_pro.evaluation.metrics import _gather_columns, _order_candidates, _top_candidates, _world
 
 SAMPLING = ("top", "random")
@@ -93,7 +94,7 @@ def option_problems(values: Mapping[str, Any], where: str = "mine") -> list[str]
 
 def check_options(values: Mapping[str, Any], where: str = "mine") -> None:
     if problems := option_problems(values, where):
-        raise ValueError("invalid mining options:\n  " + "\n  ".join(problems))
+        raise ConfigError("invalid mining options:\n  " + "\n  ".join(problems))
 
 
 def mining_options(cfg_node: Any, seed: int, where: str = "mine") -> MiningOptions:
