@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install train test test-slow test-all lint clean bench bench-eval bench-gradcache bench-mine bench-scale bench-negatives bench-options bench-gpu bench-eval-memory reliability
+.PHONY: install train test test-slow test-all lint docs clean bench reliability
 
 # torch first and alone: the pinned CPU wheel; an open range would pull a multi-GB CUDA build
 $(VENV)/.installed: pyproject.toml
@@ -30,56 +30,46 @@ test-slow: install
 lint: install
 	$(VENV)/bin/ruff check gte_pro tests train.py benchmarks hydra_plugins scripts
 
-# corpus encoding texts/s: our evaluation vs sentence-transformers' encode (~2 min on 2 CPU cores)
-# make bench-eval ARGS="--texts 1000 --batch-size 64 --max-length 256"
-bench-eval: install
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_eval.py $(ARGS)
+# the documentation site (mkdocs.yml, docs/): --strict turns broken links and anchors into errors
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
-# hard-negative mining docs/s: ours vs sentence-transformers' mine_hard_negatives, same model, rows and settings,
-# interleaved rounds, medians (1,000 docs, 2 rounds: ~8 min on 2 CPU cores shared with other jobs)
-# make bench-mine ARGS="--docs 5000 --batch-size 64 --max-length 128 --rounds 3"
-bench-mine: install
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_mine.py $(ARGS)
+# Benchmarks: `make bench-NAME ARGS="..."` runs benchmarks/bench_NAME.py (dashes in NAME as underscores) with ARGS,
+# `make bench` is `make bench-train`. Each prints the machine and a markdown table (--json FILE keeps every raw result,
+# --help says the rest); benchmarks/harness/ is what they share. Not .PHONY: make skips pattern rules for phony targets.
+#
+# bench, bench-train: training throughput: ours vs sentence-transformers' trainer vs a plain PyTorch loop vs the seed
+#   recipe; defaults: ours, plain, st; batch 32, max_length 128, 20 steps, 3 interleaved rounds (~15 min on 2 CPU cores)
+#   make bench ARGS="--variants ours,plain,st,seed --batch-size 8 --eval --precision bf16-mixed"
+# bench-eval: corpus encoding texts/s: our evaluation vs sentence-transformers' encode (~2 min on 2 CPU cores)
+#   make bench-eval ARGS="--texts 1000 --batch-size 64 --max-length 256"
+# bench-mine: hard-negative mining docs/s: ours vs sentence-transformers' mine_hard_negatives, same model, rows and
+#   settings, interleaved rounds, medians (1,000 docs, 2 rounds: ~8 min on 2 CPU cores shared with other jobs)
+#   make bench-mine ARGS="--docs 5000 --batch-size 64 --max-length 128 --rounds 3"
+# bench-gradcache: cached contrastive loss (loss.mini_batch_size): peak memory and pairs/s of batch 1024 with M=32 vs
+#   uncached batch 32 (and uncached 1024 where it fits), a fresh process each (~3 min on 2 idle CPU cores; uses CUDA
+#   if present)
+#   make bench-gradcache ARGS="--large-batch 1024 --mini-batch-size 32 --max-length 64 --bf16"
+# bench-gpu: on a CUDA machine: samples/s, tokens/s, MFU and peak GPU memory of MiniLM- and gte-base-sized encoders
+#   (random weights) at sequence 128/256 x batch 64/256 in bf16, plus eager / GradCache / torch.compile / DDP-on-1-GPU
+#   rows, one table (~5 min); without CUDA it says so and exits 0 (--cpu runs the rows on the CPU)
+# bench-scale: peak RSS and start-up for 10k vs 200k synthetic training pairs through train.py (token cache cold and
+#   warm; ~15 min on 2 CPU cores, ~1 GB of files under --workdir)
+# bench-negatives: NDCG@10 of in-batch vs mined vs re-mined hard negatives, loss infonce vs gte, mean ± std over 3
+#   seeds, on the pydocs set (gte_pro.data.pydocs, built under --workdir on first use); 2 epochs of MiniLM per run, 18
+#   runs (hours on 2 CPU cores; --dry-run prints the commands)
+#   make bench-negatives ARGS="--seeds 1,2 --variants inbatch-gte,mined-gte --negatives 1"
+# bench-options: full fine-tune vs LoRA vs Matryoshka vs projection head at equal steps on pydocs: NDCG@10 (full and
+#   truncated), trainable parameters, samples/s, peak RSS (~35 min on 2 CPU cores with the settings in the README)
+# bench-eval-memory: peak RSS of mode=eval (or mode=mine with --mode mine) on synthetic 100k / 1M-document corpora, 1
+#   and 2 ranks (corpus store on disk)
+#   make bench-eval-memory ARGS="--mode mine --docs 100000,1000000 --baseline /tmp/old_tree"
+bench: bench-train
 
-# cached contrastive loss (loss.mini_batch_size): peak memory and pairs/s of batch 1024 with M=32 vs uncached batch
-# 32 (and uncached 1024 where it fits), a fresh process each (~3 min on 2 idle CPU cores; uses CUDA if present)
-# make bench-gradcache ARGS="--large-batch 1024 --mini-batch-size 32 --max-length 64 --bf16"
-bench-gradcache: install
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_gradcache.py $(ARGS)
-
-# training throughput: ours vs sentence-transformers' trainer vs a plain PyTorch loop vs the seed recipe
-# defaults: ours, plain, st; batch 32, max_length 128, 20 steps, 3 interleaved rounds (~15 min on 2 CPU cores)
-# make bench ARGS="--variants ours,plain,st,seed --batch-size 8 --eval --precision bf16-mixed"
-bench: install
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_train.py $(ARGS)
-
-# on a CUDA machine: samples/s, tokens/s, MFU and peak GPU memory of MiniLM- and gte-base-sized encoders (random
-# weights) at sequence 128/256 x batch 64/256 in bf16, plus eager / GradCache / torch.compile / DDP-on-1-GPU rows,
-# one table (~5 min); without CUDA it says so and exits 0 (--cpu runs the rows on the CPU)
-bench-gpu: install
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_gpu.py $(ARGS)
-
-# peak RSS and start-up for 10k vs 200k synthetic training pairs through train.py (token cache cold and warm;
-# ~15 min on 2 CPU cores, ~1 GB of files under --workdir)
-bench-scale: install
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_scale.py $(ARGS)
-
-# NDCG@10 of in-batch vs mined vs re-mined hard negatives, loss infonce vs gte, mean ± std over 3 seeds, on the pydocs
-# set (gte_pro.data.pydocs, built under --workdir on first use); 2 epochs of MiniLM per run, 18 runs (hours on 2 CPU
-# cores; --dry-run prints the commands)
-# make bench-negatives ARGS="--seeds 1,2 --variants inbatch-gte,mined-gte --negatives 1"
-bench-negatives: install
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_negatives.py $(ARGS)
-
-# full fine-tune vs LoRA vs Matryoshka vs projection head at equal steps on pydocs: NDCG@10 (full and truncated),
-# trainable parameters, samples/s, peak RSS (~35 min on 2 CPU cores with the settings in the README)
-bench-options: install
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_options.py $(ARGS)
-
-# peak RSS of mode=eval (or mode=mine with --mode mine) on synthetic 100k / 1M-document corpora, 1 and 2 ranks
-# (corpus store on disk); make bench-eval-memory ARGS="--mode mine --docs 100000,1000000 --baseline /tmp/old_tree"
-bench-eval-memory: install
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_eval_memory.py $(ARGS)
+bench-%: install
+	@test -f benchmarks/bench_$(subst -,_,$*).py || { echo "no benchmark benchmarks/bench_$(subst -,_,$*).py; there are:" \
+		$$(ls benchmarks/bench_*.py | sed 's|benchmarks/bench_\(.*\)\.py|bench-\1|; s|_|-|g'); exit 2; }
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_$(subst -,_,$*).py $(ARGS)
 
 # kill -9 a tiny 2-epoch run at random moments (and inside checkpoint writes and exports), restart it with the same
 # command, compare with an uninterrupted run bit for bit (README, Reliability; ~45 min on 2 CPU cores)

@@ -9,8 +9,6 @@ share one process on purpose: the embeddings of each are compared with sentence-
 
 from __future__ import annotations
 
-import argparse
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,7 +22,6 @@ from torch.utils.data import DataLoader
 from gte_pro import packaged_minilm_path
 from gte_pro.data.collate import EvalCollator
 from gte_pro.data.datasets import EvalTexts
-from gte_pro.data.demo import load_demo_splits
 from gte_pro.models.encoder import Encoder
 from gte_pro.retrieval import RetrievalSet
 
@@ -35,7 +32,7 @@ REFERENCE = "sentence-transformers encode"
 
 def demo_texts(count: int, cache_dir: str) -> list[str]:
     """Documents of the demo corpus (training positives, then distractors), in file order: lengths mixed."""
-    splits = load_demo_splits(cache_dir, val_fraction=0.1, min_query_chars=10, min_doc_chars=40, max_distractors=1000)
+    splits = harness.demo_splits(cache_dir)
     texts = [ex.positives[0] for ex in splits.train] + list(splits.distractors)
     return texts[:count]
 
@@ -87,24 +84,15 @@ def st_encode(model: Any, texts: Sequence[str], batch_size: int) -> Run:
 
 def measure(runs: dict[str, Run], count: int, repeats: int) -> tuple[dict[str, list[Result]], list[Result]]:
     """Interleaved repeats; (every repeat's timing per variant, one row per variant with its medians)."""
-    embeddings: dict[str, torch.Tensor] = {}
-
-    def once(name: str, round_no: int) -> Result:
-        with harness.timed() as timing:
-            embeddings[name], share = runs[name]()
-        return {"seconds": timing.wall_s, "real_token_share": share}
-
-    rounds = harness.interleave(list(runs), repeats, once, lambda r: f"{r['seconds']:.2f} s")
+    rounds, outputs = harness.timed_rounds(runs, repeats, lambda out: {"real_token_share": out[1]})
+    reference = outputs.get(REFERENCE)
     rows = []
     for name, results in rounds.items():
-        med = harness.medians(results, ["seconds", "real_token_share"])
-        if med is None:
-            rows.append({"variant": name, "error": results[0]["error"]})
-            continue
-        reference = embeddings.get(REFERENCE)
-        similar = None if reference is None else F.cosine_similarity(embeddings[name], reference.cpu()).min()
-        rows.append({"variant": name, "texts_per_s": count / med["seconds"], **med,
-                     "min_cosine_vs_st": None if similar is None else float(similar)})
+        row = harness.median_row(name, results, ["seconds", "real_token_share"])
+        if "error" not in row:
+            similar = None if reference is None else F.cosine_similarity(outputs[name][0], reference[0].cpu()).min()
+            row.update(texts_per_s=count / row["seconds"], min_cosine_vs_st=None if similar is None else float(similar))
+        rows.append(row)
     return rounds, rows
 
 
@@ -117,15 +105,12 @@ def table(rows: list[Result]) -> str:
         Column("min cosine vs ST", "min_cosine_vs_st", ".6f")], rows)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = harness.add_common(harness.parser(__doc__), batch_size=32, max_length=128, timeout_of=None,
+                                cache_dir=True, json="write every repeat's timings and the medians to this file")
     parser.add_argument("--texts", type=int, default=300)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--cache-dir", default=os.environ.get("GTE_PRO_CACHE", "~/.cache/gte_pro"))
-    parser.add_argument("--json", help="write every repeat's timings and the medians to this file")
-    args = parser.parse_args()
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats (medians reported)")
+    args = parser.parse_args(argv)
     texts = demo_texts(args.texts, args.cache_dir)
     encoder = Encoder(packaged_minilm_path(), max_length=args.max_length).eval()
     st_model = sentence_transformers_model(args.max_length)
@@ -137,10 +122,9 @@ def main() -> None:
     st_encode(st_model, texts[:64], args.batch_size)()
     rounds, rows = measure(runs, len(texts), args.repeats)
     print(f"{len(texts)} demo-corpus documents, all-MiniLM-L6-v2, batch {args.batch_size}, max_length "
-          f"{args.max_length}, {torch.get_num_threads()} threads, torch {torch.__version__}, median of "
-          f"{args.repeats}\n{harness.machine()}\n")
+          f"{args.max_length}, median of {args.repeats}\n{harness.machine()}\n")
     print(table(rows), end="")
-    harness.write_json(args.json, {"settings": vars(args), "runs": rounds, "medians": rows})
+    harness.save(args, runs=rounds, medians=rows)
 
 
 if __name__ == "__main__":

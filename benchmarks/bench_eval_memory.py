@@ -27,10 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import harness
-from bench_scale import TRAIN_ENV, _words
 from harness import Column, Result
 
-REPO = Path(__file__).resolve().parents[1]
 QUERIES = 200
 CODES = {"stored": "store on disk", "baseline": "baseline checkout"}
 
@@ -40,7 +38,7 @@ def write_beir(folder: Path, docs: int, seed: int) -> None:
     if (folder / "qrels" / "test.tsv").is_file():
         return
     rng = random.Random(seed)
-    vocabulary = _words(rng, 20_000)
+    vocabulary = harness.words(rng, 20_000)
     (folder / "qrels").mkdir(parents=True, exist_ok=True)
     step = docs // QUERIES
     with (folder / "corpus.jsonl").open("w") as corpus, (folder / "queries.jsonl").open("w") as queries:
@@ -107,11 +105,10 @@ def mode_run(repo: Path, code: str, docs: int, ranks: int, folder: Path, cache: 
     work = Path(args.workdir)
     run_dir = work / f"run_{args.mode}_{code}_{docs}_{ranks}"
     shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [sys.executable, "train.py", "model=tiny", *mode_command(args.mode, folder, args), f"devices={ranks}",
-           f"strategy={'ddp' if ranks > 1 else 'auto'}", f"paths.cache_dir={cache}", f"hydra.run.dir={run_dir}",
-           "logger=none"]
-    result = harness.run_command(cmd, work / f"log_{args.mode}_{code}_{docs}_{ranks}.txt", args.timeout, cwd=repo,
-                                 env=TRAIN_ENV)
+    cmd = harness.train_command("model=tiny", *mode_command(args.mode, folder, args), f"devices={ranks}",
+                                f"strategy={'ddp' if ranks > 1 else 'auto'}", f"paths.cache_dir={cache}",
+                                f"hydra.run.dir={run_dir}", "logger=none")
+    result = harness.run_train(cmd, work / f"log_{args.mode}_{code}_{docs}_{ranks}.txt", args.timeout, repo=repo)
     row = {"code": code, "docs": docs, "ranks": ranks, **result}
     if "error" not in result:
         report = json.loads((run_dir / ("mine_report.json" if args.mode == "mine" else "metrics.json")).read_text())
@@ -138,24 +135,20 @@ def measure(docs: int, args: argparse.Namespace) -> list[Result]:
                                             "max_length": args.max_length}, work, args.timeout)
     print(f"store of {docs:,} docs: {build}", file=sys.stderr, flush=True)
     rows = [{"code": "store build", "docs": docs, "ranks": 1, **build}]
-    codes = [("stored", REPO)] + ([("baseline", Path(args.baseline))] if args.baseline else [])
-    for ranks in map(int, args.ranks.split(",")):
+    codes = [("stored", harness.REPO)] + ([("baseline", Path(args.baseline))] if args.baseline else [])
+    for ranks in harness.int_list(args.ranks):
         rows += [mode_run(repo, code, docs, ranks, folder, cache, args) for code, repo in codes]
     return rows
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = harness.add_common(harness.parser(__doc__), batch_size=256, max_length=64,
+                                workdir="/tmp/gte_pro_bench_eval_memory")
     parser.add_argument("--mode", choices=("eval", "mine"), default="eval")
     parser.add_argument("--docs", default="100000,1000000")
     parser.add_argument("--ranks", default="1,2")
-    parser.add_argument("--max-length", type=int, default=64)
-    parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--baseline", help="another checkout to run the same evaluations in (before/after)")
-    parser.add_argument("--workdir", default="/tmp/gte_pro_bench_eval_memory")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds per process before it is killed")
-    parser.add_argument("--json", help="write every run's raw result to this file")
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def report(rows: list[Result], args: argparse.Namespace) -> None:
@@ -177,13 +170,13 @@ def report(rows: list[Result], args: argparse.Namespace) -> None:
         end="")
 
 
-def main() -> None:
-    args = parse_args()
-    print("command: " + " ".join([Path(sys.executable).name, *sys.argv]))
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    harness.announce()
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
-    rows = [row for docs in map(int, args.docs.split(",")) for row in measure(docs, args)]
+    rows = [row for docs in harness.int_list(args.docs) for row in measure(docs, args)]
     report(rows, args)
-    harness.write_json(args.json, {"settings": vars(args), "results": rows})
+    harness.save(args, results=rows)
 
 
 if __name__ == "__main__":

@@ -23,15 +23,15 @@ bf16 FLOP/s (a table of known devices, or ``--peak-tflops``), and peak GPU memor
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import bench_train
 import harness
 from harness import Column, Result
+from train_common import WARMUP_STEPS
+from train_runs import train_child
 
 SIZES = {  # random_init_config of each encoder size (the packaged MiniLM tokenizer: BERT's vocabulary)
     "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128},
@@ -74,7 +74,7 @@ def measure(row: dict, args: argparse.Namespace, work: Path) -> Result:
     payload = {"batch_size": row["batch"], "max_length": row["seq"], "steps": args.steps, "seed": 42,
                "precision": args.precision, "threads": args.threads, "pairs": None, "pairs_file": None,
                "eval_queries": None, "work_dir": str(work), "save_dir": None, "spec": spec}
-    return {**row, **harness.run_child(bench_train.train_child, payload, work, args.timeout)}
+    return {**row, **harness.run_child(train_child, payload, work, args.timeout)}
 
 
 def with_mfu(result: Result, tflops: float | None) -> Result:
@@ -86,7 +86,7 @@ def with_mfu(result: Result, tflops: float | None) -> Result:
 def report(results: list[Result], skipped: list[dict], args: argparse.Namespace, device: str,
            tflops: float | None) -> None:
     print(f"\n{harness.machine()}\n{device}, precision {args.precision}, {args.steps} measured steps after "
-          f"{bench_train.WARMUP_STEPS} warm-up, peak {tflops or '?'} TFLOP/s for MFU\n")
+          f"{WARMUP_STEPS} warm-up, peak {tflops or '?'} TFLOP/s for MFU\n")
     print(harness.table([
         Column("size", "size", numeric=False, key=True), Column("seq", "seq", "d", key=True),
         Column("batch", "batch", "d", key=True),
@@ -116,7 +116,8 @@ def row_line(result: Result) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.add_common(harness.parser(__doc__), timeout=600, timeout_of="row",
+                                json="write every row's result to this file")
     parser.add_argument("--sizes", default="minilm,base", help=f"comma-separated, of {', '.join(SIZES)}")
     parser.add_argument("--seq", default="128,256")
     parser.add_argument("--batch", default="64,256")
@@ -125,16 +126,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--precision", default="bf16-mixed", choices=("bf16-mixed", "32-true"))
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's peak dense bf16 TFLOP/s")
     parser.add_argument("--threads", type=int, default=4, help="CPU threads per process (data loading)")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds per row before it is killed")
     parser.add_argument("--budget", type=float, default=270,
                         help="start no row after this many seconds (each row is a fresh process: ~30 s on an H200 "
                              "machine); the rows not run are listed")
     parser.add_argument("--cpu", action="store_true", help="run on the CPU when there is no CUDA (tests)")
-    parser.add_argument("--json", help="write every row's result to this file")
     args = parser.parse_args(argv)
     args.size_list = args.sizes.split(",")
-    args.seq_list = [int(s) for s in args.seq.split(",")]
-    args.batch_list = [int(b) for b in args.batch.split(",")]
+    args.seq_list, args.batch_list = harness.int_list(args.seq), harness.int_list(args.batch)
     args.change_list = [c for c in args.changes.split(",") if c]
     for name, values, valid in (("--sizes", args.size_list, SIZES), ("--changes", args.change_list, CHANGES)):
         if unknown := sorted(set(values) - set(valid)):
@@ -153,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else (
         f"CPU ({torch.backends.cpu.get_cpu_capability()})")
     tflops = peak_tflops(device, args.peak_tflops) if torch.cuda.is_available() else None
-    print(f"$ {shlex.join([sys.executable, *sys.argv])}\ndevice: {device}", flush=True)
+    harness.announce()
+    print(f"device: {device}", flush=True)
     results, skipped, start = [], [], time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench_gpu_") as tmp:
         for row in rows(args):
@@ -162,11 +161,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             results.append(with_mfu(measure(row, args, Path(tmp)), tflops))
             print(row_line(results[-1]), flush=True)
-            harness.write_json(args.json, {"device": device, "peak_tflops": tflops, "settings": vars(args),
-                                           "rows": results, "not_run": skipped})
+            harness.save(args, device=device, peak_tflops=tflops, rows=results, not_run=skipped)
     report(results, skipped, args, device, tflops)
-    harness.write_json(args.json, {"device": device, "peak_tflops": tflops, "settings": vars(args),
-                                   "rows": results, "not_run": skipped})
+    harness.save(args, device=device, peak_tflops=tflops, rows=results, not_run=skipped)
     return 0
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import statistics
 import sys
 import tempfile
@@ -42,7 +41,6 @@ from harness import Column, Result
 
 from gte_pro import packaged_minilm_path
 from gte_pro.data.collate import PairCollator
-from gte_pro.data.demo import load_demo_splits
 from gte_pro.models.encoder import Encoder
 from gte_pro.training.gradcache import cached_step
 from gte_pro.training.losses import InfoNCELoss
@@ -51,8 +49,7 @@ MB = harness.MB
 
 
 def demo_pairs(count: int, cache_dir: str) -> list[tuple[str, str, list[str]]]:
-    splits = load_demo_splits(cache_dir, val_fraction=0.1, min_query_chars=10, min_doc_chars=40, max_distractors=1000)
-    rows = [(ex.query, ex.positives[0], []) for ex in splits.train]
+    rows = [(ex.query, ex.positives[0], []) for ex in harness.demo_splits(cache_dir).train]
     if len(rows) < count:
         raise SystemExit(f"the demo corpus has {len(rows)} training pairs; {count} needed: use fewer --steps")
     return rows[:count]
@@ -196,8 +193,9 @@ def table(results: list[Result]) -> str:
         Column("cost vs uncached", "cost"), Column("s/step", "s_per_step", ".1f")], results)
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = harness.add_common(harness.parser(__doc__), max_length=64, timeout_of="configuration", cache_dir=True,
+                                json="write every configuration's raw result to this file")
     parser.add_argument("--small-batch", type=int, default=32)
     parser.add_argument("--large-batch", type=int, default=1024)
     parser.add_argument("--mini-batch-size", type=int, default=32)
@@ -208,30 +206,26 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--small-steps", type=int, default=3)
     parser.add_argument("--uncached-large", choices=["auto", "always", "never"], default="auto",
                         help="auto: run the uncached large batch only if its predicted memory fits")
-    parser.add_argument("--max-length", type=int, default=64)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (the encoder; the loss stays fp32)")
     parser.add_argument("--max-memory-gb", type=float, default=None)
-    parser.add_argument("--cache-dir", default=os.environ.get("GTE_PRO_CACHE", "~/.cache/gte_pro"))
-    parser.add_argument("--timeout", type=float, default=None, help="seconds per configuration before it is killed")
-    parser.add_argument("--json", help="write every configuration's raw result to this file")
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench_gradcache_") as tmp:
         results = configurations(args, Path(tmp))
     print(f"all-MiniLM-L6-v2, demo-corpus pairs (in-batch negatives), max_length {args.max_length}, "
-          f"{args.device}{' bf16 autocast' if args.bf16 else ' fp32'}, {torch.get_num_threads()} threads, "
-          f"torch {torch.__version__}; measured steps: {args.small_steps} (batch {args.small_batch}), {args.steps} "
-          f"(larger) after a warm-up step; {time.perf_counter() - started:.0f} s in all\n{harness.machine()}\n")
+          f"{args.device}{' bf16 autocast' if args.bf16 else ' fp32'}; measured steps: {args.small_steps} (batch "
+          f"{args.small_batch}), {args.steps} (larger) after a warm-up step; "
+          f"{time.perf_counter() - started:.0f} s in all\n{harness.machine()}\n")
     print(table(results), end="")
     print("\nlosses per step (same batches; dropout on, so cached and uncached differ slightly):")
     for r in results:
         print(f"  batch {r['batch_size']} mini_batch_size={r.get('mini_batch_size')}: {r.get('losses')}")
-    harness.write_json(args.json, {"settings": vars(args), "results": results})
+    harness.save(args, results=results)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ equal; the table shows how many of sentence-transformers' negatives we mined too
 
 from __future__ import annotations
 
-import argparse
 import os
 
 # mine_hard_negatives shows encode's progress bars even with verbose=False; tqdm reads this when it is imported
@@ -28,7 +27,6 @@ import harness  # noqa: E402
 from harness import Column, Result  # noqa: E402
 
 from gte_pro import packaged_minilm_path  # noqa: E402
-from gte_pro.data.demo import load_demo_splits  # noqa: E402
 from gte_pro.data.records import Example  # noqa: E402
 from gte_pro.mining.embed import mine_texts  # noqa: E402
 from gte_pro.mining.options import MiningOptions  # noqa: E402
@@ -42,8 +40,7 @@ Run = Callable[[], dict[str, list[str]]]  # -> query: its mined negatives
 
 def demo_rows(count: int, cache_dir: str) -> list[Example]:
     """The first ``count`` demo training pairs (one positive each; mixed lengths)."""
-    splits = load_demo_splits(cache_dir, val_fraction=0.1, min_query_chars=10, min_doc_chars=40, max_distractors=1000)
-    return splits.train[:count]
+    return harness.demo_splits(cache_dir).train[:count]
 
 
 def ours(encoder: Encoder, rows: list[Example], options: MiningOptions, batch_size: int, max_length: int) -> Run:
@@ -74,21 +71,14 @@ def sentence_transformers(model: Any, rows: list[Example], options: MiningOption
 
 
 def measure(runs: dict[str, Run], docs: int, rounds: int) -> tuple[dict[str, list[Result]], list[Result]]:
-    outputs: dict[str, dict[str, list[str]]] = {}
-
-    def once(name: str, round_no: int) -> Result:
-        with harness.timed() as timing:
-            outputs[name] = runs[name]()
-        return {"seconds": timing.wall_s, "cpu_s": timing.cpu_s}
-
-    results = harness.interleave(list(runs), rounds, once, lambda r: f"{r['seconds']:.2f} s")
+    """Interleaved rounds; (every round's timing per variant, one row per variant with its medians)."""
+    results, outputs = harness.timed_rounds(runs, rounds)
     rows = []
     for name, runs_of_name in results.items():
-        med = harness.medians(runs_of_name, ["seconds", "cpu_s"])
-        if med is None:
-            rows.append({"variant": name, "error": runs_of_name[0]["error"]})
-            continue
-        rows.append({"variant": name, "docs_per_s": docs / med["seconds"], **med, **_agreement(outputs, name)})
+        row = harness.median_row(name, runs_of_name, ["seconds", "cpu_s"])
+        if "error" not in row:
+            row.update(docs_per_s=docs / row["seconds"], **_agreement(outputs, name))
+        rows.append(row)
     return results, rows
 
 
@@ -111,19 +101,15 @@ def table(rows: list[Result]) -> str:
         Column("share of ST's negatives also mined", "shared_with_st", ".2f")], rows)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = harness.add_common(harness.parser(__doc__), batch_size=64, max_length=128, rounds=2, timeout_of=None,
+                                cache_dir=True, json="write every round's timings and the medians to this file")
     parser.add_argument("--docs", type=int, default=1000, help="training pairs: queries and corpus documents")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--num-negatives", type=int, default=15)
     parser.add_argument("--range-min", type=int, default=10)
     parser.add_argument("--range-max", type=int, default=100)
     parser.add_argument("--relative-margin", type=float, default=0.05)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--cache-dir", default=os.environ.get("GTE_PRO_CACHE", "~/.cache/gte_pro"))
-    parser.add_argument("--json", help="write every round's timings and the medians to this file")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     from sentence_transformers import SentenceTransformer
 
     rows = demo_rows(args.docs, args.cache_dir)
@@ -143,7 +129,7 @@ def main() -> None:
           f"{args.max_length}, window [{args.range_min}, {args.range_max}), {args.num_negatives} negatives, relative "
           f"margin {args.relative_margin}, top sampling; median of {args.rounds} rounds\n{harness.machine()}\n")
     print(table(table_rows), end="")
-    harness.write_json(args.json, {"settings": vars(args), "runs": results, "medians": table_rows})
+    harness.save(args, runs=results, medians=table_rows)
 
 
 if __name__ == "__main__":

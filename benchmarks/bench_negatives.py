@@ -31,23 +31,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
-import sys
 from pathlib import Path
 
 import harness
 from harness import Column, Result
 from pydocs_runs import (
     add_arguments,
+    announce,
     common_overrides,
     finish_arguments,
-    keep,
+    length,
     mean_std,
-    print_failures,
+    print_report,
     pydocs_set,
-    recorded,
-    run,
+    recorded_run,
+    save,
     train_recorded,
     untrained_command,
     untrained_metrics,
@@ -61,10 +60,10 @@ VARIANTS = tuple(f"{recipe}-{loss}" for recipe in RECIPES for loss in LOSSES)
 def mine_command(args: argparse.Namespace, data: Path) -> list[str]:
     """Hard negatives for every training row, mined by the untrained model (the same for every seed)."""
     work = Path(args.workdir)
-    return [sys.executable, "train.py", "mode=mine", f"model={args.model}", "data=jsonl",
-            f"data.train_file={data / 'train.jsonl'}", f"mine.num_negatives={args.negatives}",
-            f"mine.output={work / 'mined.jsonl'}", f"paths.cache_dir={work / 'cache'}",
-            f"hydra.run.dir={work / 'runs' / 'mine'}", *args.override]
+    return harness.train_command("mode=mine", f"model={args.model}", "data=jsonl",
+                                 f"data.train_file={data / 'train.jsonl'}", f"mine.num_negatives={args.negatives}",
+                                 f"mine.output={work / 'mined.jsonl'}", f"paths.cache_dir={work / 'cache'}",
+                                 f"hydra.run.dir={work / 'runs' / 'mine'}", *args.override)
 
 
 def train_command(variant: str, seed: int, args: argparse.Namespace, data: Path) -> list[str]:
@@ -74,22 +73,14 @@ def train_command(variant: str, seed: int, args: argparse.Namespace, data: Path)
     extra = {"inbatch": ["data.num_negatives=0"],
              "mined": [f"data.num_negatives={args.negatives}"],
              "remine": [f"data.num_negatives={args.negatives}", "data.remine.every_n_epochs=1"]}[recipe]
-    return [sys.executable, "train.py", *common_overrides(args, data), f"data.train_file={train_file}",
-            f"loss={loss}", *extra, f"seed={seed}", f"hydra.run.dir={run_dir(variant, seed, args)}"]
+    return harness.train_command(*common_overrides(args, data), f"data.train_file={train_file}", f"loss={loss}",
+                                 *extra, f"seed={seed}", f"hydra.run.dir={run_dir(variant, seed, args)}")
 
 
 def mine_once(args: argparse.Namespace, data: Path) -> Result:
     """The mined file (``--reuse``: the one already there, if the mining command was the same)."""
-    command, record = mine_command(args, data), Path(args.workdir) / "runs" / "mine.json"
-    kept = recorded(command, record, args)
-    if kept is not None:
-        return kept
-    if args.report:
-        return {"error": "no mining record"}
-    result = run(command, Path(args.workdir) / "runs" / "mine.log", args)
-    if "error" not in result:
-        keep(command, record, result)
-    return result
+    mined = recorded_run(mine_command(args, data), Path(args.workdir) / "runs" / "mine.json", args)
+    return {"error": "no mining record"} if mined is None else mined
 
 
 def run_dir(variant: str, seed: int, args: argparse.Namespace) -> Path:
@@ -152,20 +143,14 @@ def verdict(table: list[Result]) -> list[str]:
 
 
 def report(rows: list[Result], table: list[Result], args: argparse.Namespace, before: float | None) -> None:
-
-    print(f"\nNDCG@10 on the pydocs test queries ({args.max_test} queries, {args.max_train} training pairs), "
-          f"model={args.model}, batch {args.batch_size}, lr {args.lr}, "
-          + (f"{args.steps} steps" if args.steps else f"{args.epochs} epochs")
-          + f", {args.negatives} mined negative(s) per query; seeds {args.seeds}")
-    print(f"{harness.machine()}\n")
-    print(f"untrained model: {before:.4f}\n" if before is not None else "", end="")
-    print(harness.table([
-        Column("variant", "variant", numeric=False, key=True), Column("NDCG@10 mean", "mean", ".4f"),
-        Column("± std", "std", ".4f"), Column("seeds", "n", "d"), Column("per seed", "per_seed", numeric=False),
-        Column("wall s / run", "wall_s", ".0f")], table))
-    for line in verdict(table):
-        print(line)
-    print_failures(rows)
+    print_report(f"NDCG@10 on the pydocs test queries ({args.max_test} queries, {args.max_train} training pairs), "
+                 f"model={args.model}, batch {args.batch_size}, lr {args.lr}, {length(args)}, {args.negatives} mined "
+                 f"negative(s) per query; seeds {args.seeds}", None if before is None else f"{before:.4f}",
+                 harness.table([
+                     Column("variant", "variant", numeric=False, key=True), Column("NDCG@10 mean", "mean", ".4f"),
+                     Column("± std", "std", ".4f"), Column("seeds", "n", "d"),
+                     Column("per seed", "per_seed", numeric=False), Column("wall s / run", "wall_s", ".0f")], table),
+                 verdict(table), rows)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -182,8 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     needs_mining = any(not v.startswith("inbatch") for v in args.variant_list)
     commands = [untrained_command(args, data)] + ([mine_command(args, data)] if needs_mining else []) + [
         train_command(v, s, args, data) for s in args.seed_list for v in args.variant_list]
-    print("commands (in this order):\n" + "\n".join(shlex.join(c) for c in commands))
-    if args.dry_run:
+    if not announce(commands, args):
         return
     before = (untrained_metrics(args, data) or {}).get("ndcg@10")
     mined = mine_once(args, data) if needs_mining else None
@@ -191,9 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = [train_one(v, s, args, data, mined) for s in args.seed_list for v in args.variant_list]
     table = summarize(rows, args.variant_list)
     report(rows, table, args, before)
-    harness.write_json(args.json or str(Path(args.workdir) / "results.json"),
-                       {"settings": vars(args), "commands": [shlex.join(c) for c in commands], "mine": mined,
-                        "runs": rows, "table": table})
+    save(args, commands, mine=mined, runs=rows, table=table)
 
 
 if __name__ == "__main__":

@@ -28,19 +28,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
 from pathlib import Path
 
 import harness
 from harness import Column, Result
 from pydocs_runs import (
     add_arguments,
+    announce,
     common_overrides,
     finish_arguments,
+    length,
     mean_std,
-    print_failures,
+    print_report,
     pydocs_set,
+    save,
     train_recorded,
     untrained_command,
     untrained_metrics,
@@ -62,11 +63,12 @@ def variant_overrides(variant: str, args: argparse.Namespace) -> list[str]:
 
 def train_command(variant: str, seed: int, args: argparse.Namespace, data: Path) -> list[str]:
     # matryoshka's truncate_dims follow its loss dims; the others are told the same dims
-    return [sys.executable, "train.py", *common_overrides(args, data, validate_in_fit=False),
-            "+callbacks.throughput._target_=gte_pro.training.callbacks.Throughput",
-            f"data.train_file={data / 'train.jsonl'}",
-            "loss=infonce", "data.num_negatives=0", f"eval.truncate_dims=[{','.join(map(str, args.dim_list))}]",
-            *variant_overrides(variant, args), f"seed={seed}", f"hydra.run.dir={run_dir(variant, seed, args)}"]
+    return harness.train_command(
+        *common_overrides(args, data, validate_in_fit=False),
+        "+callbacks.throughput._target_=gte_pro.training.callbacks.Throughput",
+        f"data.train_file={data / 'train.jsonl'}",
+        "loss=infonce", "data.num_negatives=0", f"eval.truncate_dims=[{','.join(map(str, args.dim_list))}]",
+        *variant_overrides(variant, args), f"seed={seed}", f"hydra.run.dir={run_dir(variant, seed, args)}")
 
 
 def run_dir(variant: str, seed: int, args: argparse.Namespace) -> Path:
@@ -110,23 +112,20 @@ def summarize(rows: list[Result], args: argparse.Namespace) -> list[Result]:
 
 
 def report(rows: list[Result], table: list[Result], args: argparse.Namespace, before: dict | None) -> None:
-
-    print(f"\npydocs test queries ({args.max_test}), {args.max_train} training pairs, model={args.model}, batch "
-          f"{args.batch_size}, lr {args.lr} (lora {args.lora_lr}), "
-          + (f"{args.steps} steps" if args.steps else f"{args.epochs} epochs") + f"; seeds {args.seeds}")
-    print(f"{harness.machine()}\n")
+    untrained = None
     if before:
         dims = ", ".join(f"dim{d} {before[f'dim{d}/ndcg@10']:.4f}" for d in args.dim_list
                          if f"dim{d}/ndcg@10" in before)
-        print(f"untrained model: NDCG@10 {before['ndcg@10']:.4f}" + (f" ({dims})" if dims else "") + "\n")
-    print(harness.table([
-        Column("variant", "variant", numeric=False, key=True), Column("NDCG@10", "mean", ".4f"),
-        Column("± std", "std", ".4f"), Column("seeds", "n", "d"),
-        *[Column(f"@{d} dims", f"dim{d}", ".4f") for d in args.dim_list],
-        Column("trainable params", "trainable", ",d"), Column("samples/s", "samples_per_s", ".1f"),
-        Column("training s", "train_s", ".0f"), Column("peak RSS MB (training)", "peak_rss_train_mb", ".0f")],
-        table))
-    print_failures(rows)
+        untrained = f"NDCG@10 {before['ndcg@10']:.4f}" + (f" ({dims})" if dims else "")
+    print_report(f"pydocs test queries ({args.max_test}), {args.max_train} training pairs, model={args.model}, batch "
+                 f"{args.batch_size}, lr {args.lr} (lora {args.lora_lr}), {length(args)}; seeds {args.seeds}",
+                 untrained, harness.table([
+                     Column("variant", "variant", numeric=False, key=True), Column("NDCG@10", "mean", ".4f"),
+                     Column("± std", "std", ".4f"), Column("seeds", "n", "d"),
+                     *[Column(f"@{d} dims", f"dim{d}", ".4f") for d in args.dim_list],
+                     Column("trainable params", "trainable", ",d"), Column("samples/s", "samples_per_s", ".1f"),
+                     Column("training s", "train_s", ".0f"),
+                     Column("peak RSS MB (training)", "peak_rss_train_mb", ".0f")], table), [], rows)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -136,7 +135,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lora-lr", default="2e-4")
     parser.set_defaults(seeds="1")
     args = finish_arguments(parser, parser.parse_args(argv), VARIANTS)
-    args.dim_list = [int(d) for d in args.dims.split(",")]
+    args.dim_list = harness.int_list(args.dims)
     if "matryoshka" in args.variant_list and args.model not in WIDTH:
         parser.error(f"--variants matryoshka: the embedding width of --model {args.model} is not known here; "
                      f"known: {', '.join(WIDTH)}")
@@ -149,16 +148,13 @@ def main(argv: list[str] | None = None) -> None:
     truncate = (f"eval.truncate_dims=[{','.join(map(str, args.dim_list))}]",)
     commands = [untrained_command(args, data, truncate)] + [
         train_command(v, s, args, data) for s in args.seed_list for v in args.variant_list]
-    print("commands (in this order):\n" + "\n".join(shlex.join(c) for c in commands))
-    if args.dry_run:
+    if not announce(commands, args):
         return
     before = untrained_metrics(args, data, truncate)
     rows = [train_one(v, s, args, data) for s in args.seed_list for v in args.variant_list]
     table = summarize(rows, args)
     report(rows, table, args, before)
-    harness.write_json(args.json or str(Path(args.workdir) / "results.json"),
-                       {"settings": vars(args), "commands": [shlex.join(c) for c in commands], "runs": rows,
-                        "table": table})
+    save(args, commands, runs=rows, table=table)
 
 
 if __name__ == "__main__":

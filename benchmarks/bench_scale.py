@@ -24,22 +24,14 @@ from typing import Any
 import harness
 from harness import Column, Result
 
-REPO = Path(__file__).resolve().parents[1]
 VAL_ROWS = 200
 PHASES = ("cold", "warm")
-# train.py must not reach for a hub or a W&B server, whatever the caller's environment says
-TRAIN_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline"}
-
-
-def _words(rng: random.Random, count: int) -> list[str]:
-    syllables = ["ka", "lo", "mi", "ren", "tu", "sa", "vor", "el", "di", "an", "po", "ix", "ne", "ul", "ter", "gra"]
-    return ["".join(rng.choices(syllables, k=rng.randint(1, 4))) for _ in range(count)]
 
 
 def write_pairs(path: Path, count: int, seed: int) -> None:
     """``count`` rows: a 4-12 word query that shares a few words with its 40-200 word passage."""
     rng = random.Random(seed)
-    vocabulary = _words(rng, 20_000)
+    vocabulary = harness.words(rng, 20_000)
     tmp = path.with_suffix(".tmp")
     with tmp.open("w") as handle:
         for _ in range(count):
@@ -93,10 +85,11 @@ def train_run(size: int, phase: str, train: Path, val: Path, cache: Path, args: 
     work = Path(args.workdir)
     run_dir = work / f"run_{size}_{phase}"
     shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [sys.executable, "train.py", "data=jsonl", f"data.train_file={train}", f"data.val_file={val}",
-           f"data.max_length={args.max_length}", f"trainer.max_steps={args.steps}", f"paths.cache_dir={cache}",
-           f"hydra.run.dir={run_dir}", "logger=csv", "callbacks.progress_bar=null", "export.hf=false"]
-    result = harness.run_command(cmd, work / f"log_{size}_{phase}.txt", args.timeout, cwd=REPO, env=TRAIN_ENV)
+    cmd = harness.train_command(
+        "data=jsonl", f"data.train_file={train}", f"data.val_file={val}", f"data.max_length={args.max_length}",
+        f"trainer.max_steps={args.steps}", f"paths.cache_dir={cache}", f"hydra.run.dir={run_dir}", "logger=csv",
+        "callbacks.progress_bar=null", "export.hf=false")
+    result = harness.run_train(cmd, work / f"log_{size}_{phase}.txt", args.timeout)
     line = (f"FAILED: {result['error']}" if "error" in result else
             f"{result['wall_s']:.0f} s, peak RSS {result['peak_rss_mb']:.0f} MB")
     print(f"{size} pairs, {phase}: {line}", file=sys.stderr, flush=True)
@@ -120,26 +113,22 @@ def measure(size: int, args: argparse.Namespace, val: Path) -> list[Result]:
     return rows
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = harness.add_common(harness.parser(__doc__), max_length=256, workdir="/tmp/gte_pro_bench_scale")
     parser.add_argument("--sizes", default="10000,200000")
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--workdir", default="/tmp/gte_pro_bench_scale")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds per process before it is killed")
-    parser.add_argument("--json", help="write every run's raw result to this file")
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
-def main() -> None:
-    args = parse_args()
-    print("command: " + " ".join([Path(sys.executable).name, *sys.argv]))
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    harness.announce()
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     val = Path(args.workdir) / "val.jsonl"
     write_pairs(val, VAL_ROWS, seed=-1)
-    rows = [row for size in map(int, args.sizes.split(",")) for row in measure(size, args, val)]
+    rows = [row for size in harness.int_list(args.sizes) for row in measure(size, args, val)]
     report(rows, args)
-    harness.write_json(args.json, {"settings": vars(args), "results": rows})
+    harness.save(args, results=rows)
 
 
 def by_size(rows: list[Result]) -> dict[int, Result]:

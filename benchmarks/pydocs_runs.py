@@ -10,14 +10,11 @@ import shlex
 import shutil
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import harness
 from harness import Result
-
-REPO = Path(__file__).resolve().parents[1]
-TRAIN_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline"}
 
 
 def add_arguments(parser: argparse.ArgumentParser, workdir: str, variants: tuple[str, ...]) -> None:
@@ -31,10 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser, workdir: str, variants: tuple
     parser.add_argument("--model", default="minilm")
     parser.add_argument("--lr", default="2e-5")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--workdir", default=workdir)
     parser.add_argument("--override", action="append", default=[], help="extra train.py override (repeatable)")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds per process before it is killed")
-    parser.add_argument("--json", help="write every run's result to this file (default: <workdir>/results.json)")
+    harness.add_common(parser, workdir=workdir,
+                       json="write every run's result to this file (default: <workdir>/results.json)")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     parser.add_argument("--report", action="store_true",
                         help="only the table of the runs already recorded (implies --reuse); runs nothing")
@@ -46,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser, workdir: str, variants: tuple
 def finish_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace,
                      variants: tuple[str, ...]) -> argparse.Namespace:
     args.reuse = args.reuse or args.report
-    args.seed_list = [int(s) for s in args.seeds.split(",")]
+    args.seed_list = harness.int_list(args.seeds)
     args.variant_list = args.variants.split(",")
     unknown = sorted(set(args.variant_list) - set(variants))
     if unknown:
@@ -54,10 +50,34 @@ def finish_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace,
     return args
 
 
-def print_failures(rows: list[Result]) -> None:
+def announce(commands: Sequence[list[str]], args: argparse.Namespace) -> bool:
+    """Print the commands a benchmark will run; whether to run them (not with ``--dry-run``)."""
+    print("commands (in this order):\n" + "\n".join(shlex.join(c) for c in commands))
+    return not args.dry_run
+
+
+def length(args: argparse.Namespace) -> str:
+    """How long each run trains, for the line above the table."""
+    return f"{args.steps} steps" if args.steps else f"{args.epochs} epochs"
+
+
+def print_report(header: str, before: str | None, table: str, after: Sequence[str], rows: list[Result]) -> None:
+    """The settings line and the machine, the untrained model's line (``before``), the table, ``after`` (e.g. a
+    verdict), then each failed run with its reason."""
+    print(f"\n{header}\n{harness.machine()}\n")
+    if before:
+        print(f"untrained model: {before}\n")
+    print(table)
+    for line in after:
+        print(line)
     for row in rows:
         if "error" in row:
             print(f"FAILED: {row['variant']} seed {row['seed']}: {row['error']}")
+
+
+def save(args: argparse.Namespace, commands: Sequence[list[str]], **parts: object) -> None:
+    """``--json`` (default ``<workdir>/results.json``): the options, the commands and the results."""
+    harness.save(args, str(Path(args.workdir) / "results.json"), commands=[shlex.join(c) for c in commands], **parts)
 
 
 def pydocs_set(args: argparse.Namespace) -> Path:
@@ -87,9 +107,8 @@ def common_overrides(args: argparse.Namespace, data: Path, validate_in_fit: bool
 
 
 def run(cmd: list[str], log: Path, args: argparse.Namespace) -> Result:
-    log.parent.mkdir(parents=True, exist_ok=True)
     print(f"$ {shlex.join(cmd)}", file=sys.stderr, flush=True)
-    return harness.run_command(cmd, log, args.timeout, cwd=REPO, env=TRAIN_ENV)
+    return harness.run_train(cmd, log, args.timeout)
 
 
 def recorded(command: list[str], record: Path, args: argparse.Namespace) -> Result | None:
@@ -108,45 +127,51 @@ def keep(command: list[str], record: Path, result: Result) -> None:
 def untrained_command(args: argparse.Namespace, data: Path, extra: tuple[str, ...] = ()) -> list[str]:
     """NDCG@10 of the model before any training, once for every run (``mode=eval`` on the same set and lengths)."""
     work = Path(args.workdir)
-    return [sys.executable, "train.py", "mode=eval", f"model={args.model}", f"eval.beir=[{data / 'beir'}]",
-            f"paths.cache_dir={work / 'cache'}", f"hydra.run.dir={work / 'runs' / 'untrained'}", *extra,
-            *args.override]
+    return harness.train_command("mode=eval", f"model={args.model}", f"eval.beir=[{data / 'beir'}]",
+                                 f"paths.cache_dir={work / 'cache'}", f"hydra.run.dir={work / 'runs' / 'untrained'}",
+                                 *extra, *args.override)
+
+
+def recorded_run(command: list[str], record: Path, args: argparse.Namespace,
+                 finish: Callable[[Result], Result] = lambda result: result,
+                 clear: Path | None = None) -> Result | None:
+    """The result kept in ``record`` for this very command (``--reuse``); else, unless ``--report`` (None), the
+    command run now (its log beside ``record``; ``clear``, its run folder, emptied first: never resumed), its result
+    ``finish``ed, kept when it succeeded."""
+    kept = recorded(command, record, args)
+    if kept is not None or args.report:
+        return kept
+    if clear is not None:
+        shutil.rmtree(clear, ignore_errors=True)
+    result = finish(run(command, record.with_suffix(".log"), args))
+    if "error" not in result:
+        keep(command, record, result)
+    return result
 
 
 def untrained_metrics(args: argparse.Namespace, data: Path, extra: tuple[str, ...] = ()) -> dict[str, float] | None:
     """The untrained model's metrics on the set (``ndcg@10``, and ``dim<d>/ndcg@10`` with eval.truncate_dims)."""
-    command, record = untrained_command(args, data, extra), Path(args.workdir) / "runs" / "untrained.json"
-    kept = recorded(command, record, args)
-    if kept is not None:
-        return kept if isinstance(kept, dict) else {"ndcg@10": kept}
-    if args.report:
+    runs, prefix = Path(args.workdir) / "runs", f"val/{(data / 'beir').name}/"
+
+    def metrics(result: Result) -> Result:
+        if "error" in result:
+            return result
+        flat = json.loads((runs / "untrained" / "metrics.json").read_text())["val"]
+        return {key[len(prefix):]: value for key, value in flat.items() if key.startswith(prefix)}
+
+    got = recorded_run(untrained_command(args, data, extra), runs / "untrained.json", args, metrics)
+    if got is None or (isinstance(got, dict) and "error" in got):
         return None
-    result = run(command, Path(args.workdir) / "runs" / "untrained.log", args)
-    if "error" in result:
-        return None
-    flat = json.loads((Path(args.workdir) / "runs" / "untrained" / "metrics.json").read_text())["val"]
-    prefix = f"val/{(data / 'beir').name}/"
-    metrics = {key[len(prefix):]: value for key, value in flat.items() if key.startswith(prefix)}
-    keep(command, record, metrics)
-    return metrics
+    return got if isinstance(got, dict) else {"ndcg@10": got}  # a float: the untrained score's older record
 
 
 def train_recorded(command: list[str], folder: Path, row: Result, args: argparse.Namespace,
                    read: Callable[[Path], Result]) -> Result:
     """One training run in ``folder`` (a fresh one, never resumed), or its kept result; ``read`` turns the finished
     run folder into figures."""
-    record = folder.with_suffix(".json")
-    kept = recorded(command, record, args)
-    if kept is not None:
-        return kept
-    if args.report:
-        return {**row, "not_run": True}
-    shutil.rmtree(folder, ignore_errors=True)
-    result = run(command, folder.with_suffix(".log"), args)
-    result = {**row, **result} if "error" in result else {**row, **result, **read(folder)}
-    if "error" not in result:
-        keep(command, record, result)
-    return result
+    got = recorded_run(command, folder.with_suffix(".json"), args, clear=folder,
+                       finish=lambda result: {**row, **result, **({} if "error" in result else read(folder))})
+    return {**row, "not_run": True} if got is None else got
 
 
 def mean_std(values: list[float]) -> dict[str, float | None]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from gte_pro.config.checks import check_config
+from gte_pro.errors import ConfigError
 from gte_pro.launch.environment import job_scope
 from gte_pro.modes.evaluate import evaluate
 from gte_pro.modes.fit import fit
@@ -24,7 +25,7 @@ def train(cfg: DictConfig) -> float | None:
     ``cfg.optimized_metric`` (None for mine)."""
     mode = cfg.get("mode", "train")
     if mode not in MODES:
-        raise ValueError(f"mode={mode!r} is not valid; valid choices: {', '.join(MODES)}")
+        raise ConfigError(f"mode={mode!r} is not valid; valid choices: {', '.join(MODES)}")
     quiet_third_party()  # the log keeps what a user can act on (gte_pro.utils.quiet)
     check_config(cfg)  # a wrong type or range fails here, naming the key, not as a TypeError deep inside
     with job_scope(cfg.devices, cfg.get("nodes", 1)):

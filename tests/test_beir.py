@@ -10,7 +10,7 @@ import pytest
 from hydra.utils import instantiate
 
 from gte_pro.data.beir import BeirDataModule, load_beir
-from gte_pro.data.records import DataError
+from gte_pro.errors import DataError
 from gte_pro.evaluation.sets import eval_set_specs, load_eval_sets
 from tests.beir_data import SPLITS, TOPICS, write_beir_folder
 

@@ -1,5 +1,6 @@
-"""benchmarks/harness.py (real child processes: results, crashes, kills, time-outs, medians, peak memory, the table)
-and benchmarks/bench_train.py (variant specs, the composed config, its table and footnotes). No training runs."""
+"""benchmarks/harness (real child processes: results, crashes, kills, time-outs, medians, peak memory, the table) and
+benchmarks/bench_train.py with its train_common.py (variant specs, the composed config, its table and footnotes). No
+training runs."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ import pytest
 
 from tests.conftest import REPO, write_jsonl
 
-sys.path.insert(0, str(REPO / "benchmarks"))  # the benchmark scripts import their sibling harness.py
+sys.path.insert(0, str(REPO / "benchmarks"))  # the benchmark scripts import their siblings and harness/
 _spec = importlib.util.spec_from_file_location("bench_train", REPO / "benchmarks" / "bench_train.py")
 bench = importlib.util.module_from_spec(_spec)
 sys.modules["bench_train"] = bench
 _spec.loader.exec_module(bench)
 harness = bench.harness
+common = sys.modules["train_common"]  # variant specs and the composed config (child side)
 
 # measurements for real child processes: a result (after touching memory), a crash, the OOM killer's SIGKILL, a hang
 TARGETS = '''
@@ -72,13 +74,13 @@ def _gone(pid: int, within_s: float = 5.0) -> bool:
 
 
 def test_variant_specs():
-    variants = bench.parse_variants("ours, plain,ours:model.attn_implementation=eager:optimizer.fused=true,ours")
+    variants = common.parse_variants("ours, plain,ours:model.attn_implementation=eager:optimizer.fused=true,ours")
     assert [v.spec for v in variants] == ["ours", "plain", "ours:model.attn_implementation=eager:optimizer.fused=true"]
     assert variants[2].kind == "ours"
     assert variants[2].overrides == ("model.attn_implementation=eager", "optimizer.fused=true")
     for bad in ("nope", "st:data.batch_size=4", "ours:eager", ""):
         with pytest.raises(SystemExit):
-            bench.parse_variants(bad)
+            common.parse_variants(bad)
 
 
 def test_failure_reasons():
@@ -89,9 +91,9 @@ def test_failure_reasons():
 
 
 def test_composed_config_is_the_product_config_without_validation(tmp_path):
-    cfg = bench.compose_cfg(_opts(tmp_path), ["model.attn_implementation=eager"])
+    cfg = common.compose_cfg(_opts(tmp_path), ["model.attn_implementation=eager"])
     assert cfg.data.batch_size == 8 and cfg.data.max_length == 64 and cfg.model.max_length == 64
-    assert cfg.trainer.max_steps == 3 + bench.WARMUP_STEPS and cfg.seed == 7
+    assert cfg.trainer.max_steps == 3 + common.WARMUP_STEPS and cfg.seed == 7
     assert cfg.trainer.limit_val_batches == 0 and cfg.trainer.num_sanity_val_steps == 0
     assert not cfg.trainer.enable_checkpointing and not cfg.logger and not cfg.callbacks
     assert cfg.model.attn_implementation == "eager" and cfg.trainer.precision == "32-true"
@@ -100,7 +102,7 @@ def test_composed_config_is_the_product_config_without_validation(tmp_path):
 
 def test_pairs_file_selects_jsonl_data(tmp_path):
     pairs = write_jsonl(tmp_path / "p.jsonl", [{"query": f"q{i}", "positive": f"p{i}"} for i in range(4)])
-    cfg = bench.compose_cfg(_opts(tmp_path, pairs_file=str(pairs), precision="bf16-mixed"))
+    cfg = common.compose_cfg(_opts(tmp_path, pairs_file=str(pairs), precision="bf16-mixed"))
     assert cfg.data._target_.endswith("JsonlDataModule") and cfg.data.train_file == str(pairs)
     assert cfg.trainer.precision == "bf16-mixed"
 
@@ -147,7 +149,7 @@ def _result(samples: float, first: str = "abc", ndcg: float | None = None) -> di
 
 
 def test_table_shows_failures_and_ratios(capsys, tmp_path):
-    variants = bench.parse_variants("ours,plain,st,seed,ours:data.batch_size=1")
+    variants = common.parse_variants("ours,plain,st,seed,ours:data.batch_size=1")
     runs = {"ours": [_result(2.0, ndcg=0.1), _result(4.0, ndcg=0.3)],
             "plain": [_result(4.0), {"error": "killed by signal 9"}], "st": [_result(2.0)], "seed": [_result(1.0)],
             "ours:data.batch_size=1": [{"error": "exit code 1: ValueError: too small"}]}

@@ -147,7 +147,7 @@ def test_callback_options(make_cfg, option):
     if option == "none":
         assert names == set()
     else:
-        assert {"ModelCheckpoint", "EarlyStopping", "LearningRateMonitor", "Throughput", "RichProgressBar"} <= names
+        assert {"ModelCheckpoint", "EarlyStopping", "LearningRateMonitor", "Throughput", "ProgressBar"} <= names
     if option == "swa":
         assert "StochasticWeightAveraging" in names
 
@@ -230,7 +230,8 @@ def test_optuna_preset_uses_the_optuna_sweeper(make_cfg):
 
 
 def test_the_learning_rate_has_one_source_of_truth(make_cfg):
-    from gte_pro.config.checks import ConfigError, check_config
+    from gte_pro.config.checks import check_config
+    from gte_pro.errors import ConfigError
 
     cfg = make_cfg(["model.lr=1e-4"])
     check_config(cfg)
@@ -241,16 +242,64 @@ def test_the_learning_rate_has_one_source_of_truth(make_cfg):
 
 
 def test_an_unknown_similarity_names_the_valid_ones(make_cfg):
-    from gte_pro.config.checks import ConfigError, check_config
+    from gte_pro.config.checks import check_config
+    from gte_pro.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"loss.similarity='euclid': valid choices: cosine, dot"):
         check_config(make_cfg(["loss.similarity=euclid"]))
 
 
 def test_eval_quantization_takes_the_known_precisions(make_cfg):
-    from gte_pro.config.checks import ConfigError, check_config
+    from gte_pro.config.checks import check_config
+    from gte_pro.errors import ConfigError
 
     check_config(make_cfg(["eval.quantization=[int8,binary]"]))
     with pytest.raises(ConfigError, match=r"eval.quantization=\['int4'\]: expected a list of distinct values of: "
                                           r"int8, binary"):
         check_config(make_cfg(["eval.quantization=[int4]"]))
+
+
+# --- schemas (gte_pro/config/schema.py) -------------------------------------------------------------------------
+@pytest.mark.parametrize(("override", "key", "type_name"), [
+    ("data.batch_size=abc", "data.batch_size", "Integer"),
+    ("model.lr=fast", "model.lr", "Float"),
+    ("loss.temperature=[1]", "loss.temperature", "Float"),
+    ("mine.range_max=1.5", "mine.range_max", "Integer"),
+    ("eval.quantization=int8", "eval.quantization", "ListConfig"),
+])
+def test_a_schema_refuses_a_wrong_type_while_composing(make_cfg, override, key, type_name):
+    from hydra.errors import ConfigCompositionException
+
+    from gte_pro.errors import explain
+
+    with pytest.raises(ConfigCompositionException) as refused:
+        make_cfg([override])
+    what, _ = explain(refused.value)
+    assert override in what and type_name in what  # one line: the override as typed and the type it needed
+
+
+def test_an_option_changes_a_schema_default_and_keeps_its_type(make_cfg):
+    cfg = make_cfg(["data=demo", "loss=gte"])
+    assert cfg.data.max_length == 128 and cfg.loss.temperature == 0.02 and cfg.loss.mask_own_negatives is False
+    assert OmegaConf.get_type(cfg.data).__name__ == "DemoData" and OmegaConf.get_type(cfg.loss).__name__ == "GTESchema"
+    assert make_cfg(["data.batch_size='64'"]).data.batch_size == 64  # a quoted number is read as the type says
+
+
+@pytest.mark.parametrize("group", ["data", "model", "loss", "eval", "mine"])
+def test_every_option_of_a_schema_group_extends_a_schema(make_cfg, group):
+    from gte_pro.config.schema import SCHEMAS
+
+    schemas = tuple(SCHEMAS[group].values())
+    for option in options(group):
+        extra = {"data": ["data.train_file=x", "data.path=x", "data.sources={a: {type: demo}}"],
+                 "model": ["model.name_or_path=x"]}.get(group, [])
+        cfg = make_cfg([f"{group}={option}"] + [e for e in extra if e.split("=")[0].split(".")[1] in
+                                               _option_keys(group, option)])
+        assert issubclass(OmegaConf.get_type(cfg[group]), schemas), f"conf/{group}/{option}.yaml has no schema"
+
+
+def _option_keys(group: str, option: str) -> set[str]:
+    from gte_pro.config.schema import SCHEMAS
+
+    node = OmegaConf.structured(SCHEMAS[group].get(option) or next(iter(SCHEMAS[group].values())))
+    return set(node.keys())

@@ -13,8 +13,9 @@ from gte_pro.data.datasets import TokenizedPairs
 from gte_pro.data.demo import DemoDataModule
 from gte_pro.data.hf import HFDataModule
 from gte_pro.data.jsonl import JsonlDataModule
-from gte_pro.data.records import DataError, Example, clean_examples, clean_text, iter_pairs_jsonl
+from gte_pro.data.records import Example, clean_examples, clean_text, iter_pairs_jsonl
 from gte_pro.data.sampling import EpochSampler
+from gte_pro.errors import DataError
 from tests.conftest import write_jsonl
 
 

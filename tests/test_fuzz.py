@@ -5,8 +5,9 @@ overrides and launcher settings) are generated deterministically. Each goes thro
 (the data modules' ``setup`` with the token cache, ``load_beir`` plus the tokenizer, Hydra compose plus
 ``check_config`` and the builders, the launchers' pre-submission checks), and its outcome is one of:
 
-- clear error: our own error type (``DataError``, or for the command line a ValueError / Hydra composition error)
-  whose message names the file and the line or row and the field, or the config key and its valid choices;
+- clear error: a user's mistake (``gte_pro.errors``: a ``DataError`` for data; for the command line our
+  ``ConfigError`` and kin or a Hydra composition error) that the command line prints as one line naming the file and
+  the line or row and the field, or the config key, and one line saying how to fix it, with no traceback;
 - counted drop: the run goes on, and the cleaning report (or the BEIR set's ``anomalies``) counts what was dropped,
   cut or repaired;
 - read as intended: only for legal variants of a format (a BOM, CRLF line ends, a null title), which must read
@@ -21,20 +22,17 @@ overrides and launcher settings) are generated deterministically. Each goes thro
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 
-from gte_pro.data.records import DataError
+from gte_pro.errors import DataError, explain, user_error
 from tests.conftest import CONF
 from tests.fuzz_cli import cli_cases
 from tests.fuzz_inputs import Case, data_cases
 
 SMALL = {"batch_size": 2, "eval_batch_size": 8, "val_fraction": 0.25, "max_length": 32}
-CONFIG_ERRORS = (ValueError, MissingConfigException, ConfigCompositionException, OverrideParseException)
 
 
 # --- running one input --------------------------------------------------------------------------------------------
@@ -55,7 +53,7 @@ def _load_beir_both_ways(folder: Path, tokenizer: Any, cache: Path) -> Any:
     what eval.beir reads) must agree: both fail with a DataError, or both give the same set."""
     from gte_pro.data.beir import load_beir
     from gte_pro.data.corpus_store import load_beir_stored
-    from gte_pro.data.records import DataError
+    from gte_pro.errors import DataError
 
     outcomes: list[Any] = []
     for load in (lambda: load_beir(folder, "test"),
@@ -136,22 +134,20 @@ def run_cli(kind: str, ctx: dict[str, Any], tokenizer: Any, folder: Path, cache:
 
 
 # --- judging the outcome ------------------------------------------------------------------------------------------
-def _chain(error: BaseException | None) -> Iterator[BaseException]:
-    while error is not None:
-        yield error
-        error = error.__cause__ or error.__context__
-
-
 def judge_error(error: Exception, case: Case, ctx: dict[str, Any]) -> str | None:
-    """None if ``error`` is a clear error for ``case``, else why not."""
-    accepted = (DataError,) if case.kind in ("jsonl", "hf", "beir", "beir_train") else CONFIG_ERRORS
-    ours = next((e for e in _chain(error) if isinstance(e, accepted)), None)
-    if ours is None:
+    """None if ``error`` is a clear error for ``case``, else why not. Clear: what the command line prints for it
+    (``explain``) is one line naming the place and one saying how to fix it, no traceback; data errors are
+    DataErrors."""
+    lines = explain(error)
+    if lines is None:  # the command line would show a bug's traceback
         return f"bare {type(error).__name__}: {str(error)[:300]}"
-    message = str(ours)
+    if case.kind in ("jsonl", "hf", "beir", "beir_train") and not isinstance(user_error(error), DataError):
+        return f"{type(user_error(error)).__name__} for bad data, not a DataError: {lines[0][:300]}"
+    if any("\n" in line or "Traceback" in line or not line for line in lines):
+        return f"not two plain lines: {lines}"
     needed = ([str(ctx["file"])] if ctx.get("file") else []) + [s for s in (case.where, case.field) if s]
-    missing = [n for n in needed if n not in message]
-    return f"{type(ours).__name__} does not name {missing}: {message[:300]}" if missing else None
+    missing = [n for n in needed if n not in " ".join(lines)]
+    return f"{type(user_error(error)).__name__} does not name {missing}: {lines}" if missing else None
 
 
 def _cache_problem(cache: Path, before: set[str], failed: bool) -> str | None:

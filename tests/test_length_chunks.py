@@ -86,7 +86,8 @@ def test_auto_chunks_on_the_cpu_and_runs_one_pass_elsewhere():
 
 
 def test_the_config_check_names_length_chunks_choices(make_cfg):
-    from gte_pro.config.checks import ConfigError, check_config
+    from gte_pro.config.checks import check_config
+    from gte_pro.errors import ConfigError
 
     check_config(make_cfg(["model.length_chunks=auto"]))
     check_config(make_cfg(["model.length_chunks=2"]))

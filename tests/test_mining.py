@@ -18,7 +18,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from gte_pro import packaged_minilm_path
-from gte_pro.data.records import MAX_TEXT_CHARS, DataError, Example, clean_text
+from gte_pro.data.records import MAX_TEXT_CHARS, Example, clean_text
+from gte_pro.errors import DataError
 from gte_pro.mining import corpus as corpus_module
 from gte_pro.mining.core import mine_negatives, unit_rows
 from gte_pro.mining.corpus import open_text_store, read_corpus_file
@@ -370,7 +371,7 @@ def test_invalid_options_name_the_key(values, message):
 
 
 def test_invalid_options_in_the_config_name_the_key(make_cfg):
-    from gte_pro.config.checks import ConfigError
+    from gte_pro.errors import ConfigError
     from gte_pro.train import train
 
     with pytest.raises(ConfigError, match="mine.sampling='best': valid choices: top, random"):

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from gte_pro.data.mix_sampling import MixSampler, offsets_of, source_probabilities
-from gte_pro.data.records import DataError
+from gte_pro.errors import DataError
 from tests.conftest import free_port, write_jsonl
 
 if TYPE_CHECKING:  # imported where used: the spawned DDP ranks import this file and need only the sampler

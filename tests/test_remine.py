@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gte_pro.data.datasets import TokenizedPairs
-from gte_pro.data.records import DataError
+from gte_pro.errors import DataError
 from gte_pro.mining.pool import NegativePool, write_pool
 from gte_pro.mining.remine import training_corpus
 from gte_pro.train import train

@@ -114,6 +114,8 @@ def _render_sbatch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, overrides: l
         raise _Rendered(Path(path).read_text())
 
     monkeypatch.setattr(submitit_slurm.SlurmExecutor, "_make_submission_command", capture)
+    # the script is rendered before anything runs, so no SLURM is needed: only submitit's lookup of `srun` is faked
+    monkeypatch.setattr(submitit_slurm.SlurmExecutor, "affinity", classmethod(lambda cls: 1))
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("train", overrides=["hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path / 'sweep'}",

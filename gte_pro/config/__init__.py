@@ -1,2 +1,2 @@
-"""Checking a composed config before anything is built: ``checks`` (types, ranges, unknown keys) and ``rules``
-(the cross-key rules it applies)."""
+"""The config before anything is built: ``schema`` (the typed schema of each group in Hydra's ConfigStore),
+``checks`` (ranges, choices, unknown keys, named by key) and ``rules`` (the cross-key rules it applies)."""

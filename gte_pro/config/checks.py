@@ -1,9 +1,10 @@
 """The composed config, checked before anything is built.
 
-Hydra passes ``data.batch_size=abc`` through as a string and a YAML config has no types, so a wrong value would
-otherwise surface as a ``TypeError: '<' not supported between 'str' and 'int'`` deep inside a data module or
-Lightning, or not at all (``seed=-1`` silently becomes seed 0, ``model.trust_remote_code="false"`` is a true
-string). ``check_config`` names every bad key, its value and what is valid, in one error.
+The schemas of gte_pro/config/schema.py give the data, model, loss, eval and mine keys their types, which Hydra
+enforces while it composes. What a type cannot say is checked here, so that a wrong value does not surface as a
+``TypeError`` deep inside a data module or Lightning, or not at all (``seed=-1`` silently becomes seed 0,
+``model.trust_remote_code="false"`` is a true string): ranges, choices, booleans, the keys no schema types, and
+the rules across keys. ``check_config`` names every bad key, its value and what is valid, in one error.
 """
 
 from __future__ import annotations
@@ -17,19 +18,31 @@ from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from gte_pro.config.rules import FLAG, choice, devices_value, int_list, integer, known_keys, number, number_list, subset
+from gte_pro.config.rules import (
+    FLAG,
+    at_least,
+    choice,
+    devices_value,
+    int_list,
+    integer,
+    known_keys,
+    number,
+    number_list,
+    subset,
+)
+from gte_pro.errors import ConfigError
 from gte_pro.models.heads import PROJECTION_KEYS
 from gte_pro.models.lora import LORA_KEYS
-
-
-class ConfigError(ValueError):
-    """A composed config with a wrong value or key; the message names each key and what is valid."""
-
 
 _ABSENT = object()
 REQUIRED_GROUPS = ("model", "data", "loss", "optimizer", "trainer")
 
 
+# What a type cannot say. The model, loss, eval and mine keys are typed by their schemas (gte_pro/config/schema.py:
+# Hydra refuses a wrong type while composing, naming the key), so their rules are ranges and choices. The top level
+# and the trainer have no schema (the trainer passes any Lightning argument through), booleans are checked here on
+# purpose (OmegaConf would read "yes" or 1 as true), and the data.* rules keep their types: they also check each
+# source of data=mix (data.sources.<name>.<key>), which no schema types.
 RULES: dict[str, Callable[[Any], str | None]] = {
     # numpy's range: Lightning replaces any other seed by 0, with only a warning
     "seed": lambda v: integer(0)(v) or (None if v <= 2**32 - 1 else "expected an integer <= 4294967295"),
@@ -43,15 +56,15 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "model.trust_remote_code": FLAG,
     "model.pooling": choice("mean", "cls", "last", None),
     "model.normalize": choice(True, False, None),
-    "model.max_length": integer(1),
+    "model.max_length": at_least(1),
     "model.gradient_checkpointing": FLAG,
     "model.compile": FLAG,
     "model.length_chunks": lambda v: None if v == "auto" or not integer(1)(v) else "expected auto or an integer >= 1",
     "model.lora": lambda v: known_keys(v, LORA_KEYS, "{r: 16, alpha: 32, dropout: 0.1}"),
     "model.projection": lambda v: known_keys(v, PROJECTION_KEYS, "{dims: [512, 512], activation: relu, dropout: 0.1}"),
     "loss.temperature": number(0, open_low=True),
-    "loss.mini_batch_size": integer(1, optional=True),
-    "loss.max_skipped_steps": integer(0),
+    "loss.mini_batch_size": at_least(1),
+    "loss.max_skipped_steps": at_least(0),
     "loss.similarity": choice("cosine", "dot"),
     "loss.matryoshka_dims": lambda v: int_list(v, 1),
     "loss.matryoshka_weights": lambda v: number_list(v),
@@ -83,22 +96,22 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "trainer.val_check_interval": number(0, open_low=True, optional=True),
     "trainer.check_val_every_n_epoch": integer(1, optional=True),
     "trainer.num_sanity_val_steps": integer(-1),
-    "eval.batch_size": integer(1, optional=True),
-    "eval.max_length": integer(1, optional=True),
+    "eval.batch_size": at_least(1),
+    "eval.max_length": at_least(1),
     "eval.quantization": subset("int8", "binary"),
     "eval.truncate_dims": lambda v: int_list(v, 1),
     "eval.before": FLAG,
     # mining (mode=mine); the cross-key rules (range_min < range_max) are gte_pro.mining.options.option_problems'
-    "mine.num_negatives": integer(1),
-    "mine.range_min": integer(0),
-    "mine.range_max": integer(1),
+    "mine.num_negatives": at_least(1),
+    "mine.range_min": at_least(0),
+    "mine.range_max": at_least(1),
     "mine.sampling": choice("top", "random"),
     "mine.relative_margin": number(0, optional=True),
     "mine.absolute_margin": number(0, optional=True),
     "mine.max_score": number(optional=True),
-    "mine.batch_size": integer(1),
-    "mine.max_length": integer(1),
-    "mine.max_scores_per_chunk": integer(1),
+    "mine.batch_size": at_least(1),
+    "mine.max_length": at_least(1),
+    "mine.max_scores_per_chunk": at_least(1),
 }
 
 # keys of a node that are not arguments of its target (build_encoder hands model.lr to the optimizer)

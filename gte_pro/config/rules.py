@@ -25,6 +25,14 @@ def integer(low: int | None = None, optional: bool = False) -> Callable[[Any], s
     return check
 
 
+def at_least(low: int) -> Callable[[Any], str | None]:
+    """The range of a key whose type a schema already holds (gte_pro/config/schema.py): null passes where the
+    schema allows it, since Hydra refused it where it does not."""
+    def check(value: Any) -> str | None:
+        return None if value is None or value >= low else f"expected >= {low}"
+    return check
+
+
 def number(low: float | None = None, high: float | None = None, open_low: bool = False, open_high: bool = False,
            optional: bool = False) -> Callable[[Any], str | None]:
     """A finite int or float between ``low`` and ``high`` (``open_*``: the bound itself excluded)."""

@@ -6,7 +6,3 @@
   (+ ``mix_sampling``): several sources in one run.
 - ``docstrings``: parsing docstrings with ``ast`` (``demo`` and ``pydocs``, the offline set of confusable API docs).
 """
-
-from gte_pro.data.records import DataError, Example
-
-__all__ = ["DataError", "Example"]

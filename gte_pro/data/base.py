@@ -21,9 +21,10 @@ from transformers import PreTrainedTokenizerBase
 from gte_pro.data.cache import TokenizedCache, cache_key, tokenizer_fingerprint, write_tokenized
 from gte_pro.data.collate import EvalCollator, TokenCollator
 from gte_pro.data.datasets import EvalTextsCache, ExampleView, TokenizedPairs
-from gte_pro.data.records import CleaningReport, DataError, Example, iter_clean_examples
+from gte_pro.data.records import CleaningReport, Example, iter_clean_examples
 from gte_pro.data.sampling import EpochSampler, ResumableLoader
 from gte_pro.data.split import is_held_out
+from gte_pro.errors import ConfigError, DataError
 from gte_pro.retrieval import RetrievalSet
 from gte_pro.utils.files import published_folder, write_error
 
@@ -63,7 +64,7 @@ class ContrastiveDataModule(LightningDataModule, abc.ABC):
     ) -> None:
         super().__init__()
         if batch_size < 2:
-            raise ValueError(f"data.batch_size={batch_size}: a contrastive batch needs at least 2 pairs")
+            raise ConfigError(f"data.batch_size={batch_size}: a contrastive batch needs at least 2 pairs")
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size

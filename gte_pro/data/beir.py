@@ -21,7 +21,6 @@ from gte_pro.data.cache import file_signature
 from gte_pro.data.records import (
     MAX_TEXT_CHARS,
     CleaningReport,
-    DataError,
     Example,
     clean_text,
     iter_clean_examples,
@@ -29,6 +28,7 @@ from gte_pro.data.records import (
     iter_text_lines,
     type_name,
 )
+from gte_pro.errors import CHECK_PATH, DataError
 from gte_pro.retrieval import RetrievalSet
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def beir_folder(path: str | Path) -> Path:
     folder = Path(path).expanduser()
     if not folder.is_dir():
         raise DataError(f"{folder}: not a BEIR folder (no such directory; expected corpus.jsonl, queries.jsonl, "
-                        f"qrels/<split>.tsv)")
+                        f"qrels/<split>.tsv)", hint=CHECK_PATH)
     return folder
 
 
@@ -142,7 +142,8 @@ def qrels_path(folder: str | Path, split: str) -> Path:
     folder = beir_folder(folder)
     path = folder / "qrels" / f"{split}.tsv"
     if not path.is_file():
-        raise DataError(f"{path}: file not found (splits in {folder}: {', '.join(beir_splits(folder)) or 'none'})")
+        splits = ", ".join(beir_splits(folder)) or "none"
+        raise DataError(f"{path}: file not found (splits in {folder}: {splits})", hint=CHECK_PATH)
     return path
 
 

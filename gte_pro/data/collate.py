@@ -16,6 +16,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.datasets import DrawnRow
+from gte_pro.errors import ConfigError
 
 
 class PairCollator:
@@ -46,7 +47,7 @@ class TokenCollator:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         if tokenizer.pad_token_id is None:
-            raise ValueError(f"tokenizer {tokenizer.name_or_path} has no pad token: set tokenizer.pad_token")
+            raise ConfigError(f"tokenizer {tokenizer.name_or_path} has no pad token: set tokenizer.pad_token")
         self.pad_id = tokenizer.pad_token_id
         self.left = tokenizer.padding_side == "left"
         self.token_type_ids = "token_type_ids" in tokenizer.model_input_names

@@ -43,7 +43,7 @@ from gte_pro.data.beir import (
     read_beir_queries,
 )
 from gte_pro.data.cache import cache_key, file_signature, tokenizer_fingerprint
-from gte_pro.data.records import DataError
+from gte_pro.errors import CHECK_PATH, DataError
 from gte_pro.utils.files import CheckedSink, published_folder, writes_to
 from gte_pro.utils.progress import Progress
 
@@ -230,7 +230,7 @@ def load_beir_stored(folder: str | Path, split: str, name: str | None, tokenizer
     folder = beir_folder(folder)
     qrels_path(folder, split)
     if not (folder / "corpus.jsonl").is_file():
-        raise DataError(f"{folder / 'corpus.jsonl'}: file not found")
+        raise DataError(f"{folder / 'corpus.jsonl'}: file not found", hint=CHECK_PATH)
     corpus_file = folder / "corpus.jsonl"
     store = open_corpus_store(corpus_file, partial(iter_beir_documents, corpus_file), tokenizer, max_length,
                               doc_prefix, cache_dir)

@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.cache import TokenizedCache
 from gte_pro.data.records import Example
+from gte_pro.errors import ConfigError
 from gte_pro.retrieval import RetrievalSet
 
 if TYPE_CHECKING:  # the mining package builds on the data package, not the other way round
@@ -148,7 +149,7 @@ def corpus_tokens(corpus: Sequence[str], tokenizer: PreTrainedTokenizerBase, max
     if store is None:
         return TokenizedTexts(tokenizer, [doc_prefix + text for text in corpus], max_length)
     if (store.meta["max_length"], store.meta["doc_prefix"]) != (max_length, doc_prefix):
-        raise ValueError(f"{store.folder}: tokenized with max_length={store.meta['max_length']}, doc prefix "
+        raise ConfigError(f"{store.folder}: tokenized with max_length={store.meta['max_length']}, doc prefix "
                          f"{store.meta['doc_prefix']!r}; this evaluation uses {max_length}, {doc_prefix!r}")
     return store
 

@@ -8,7 +8,8 @@ from typing import Any
 
 from gte_pro.data.base import ContrastiveDataModule
 from gte_pro.data.cache import file_signature
-from gte_pro.data.records import CleaningReport, DataError, Example, clean_required, parse_record
+from gte_pro.data.records import CleaningReport, Example, clean_required, parse_record
+from gte_pro.errors import DataError
 
 ROLES = ("query", "positive", "negatives")
 

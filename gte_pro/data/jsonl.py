@@ -8,7 +8,8 @@ from typing import Any
 
 from gte_pro.data.base import ContrastiveDataModule
 from gte_pro.data.cache import file_signature
-from gte_pro.data.records import CleaningReport, DataError, Example, clean_required, iter_pairs_jsonl
+from gte_pro.data.records import CleaningReport, Example, clean_required, iter_pairs_jsonl
+from gte_pro.errors import CHECK_PATH, DataError
 
 
 class JsonlDataModule(ContrastiveDataModule):
@@ -28,9 +29,9 @@ class JsonlDataModule(ContrastiveDataModule):
     def source_signature(self) -> Any:
         for path in filter(None, (self.train_file, self.val_file)):
             if Path(path).is_dir():
-                raise DataError(f"{path}: is a folder, expected a JSON-lines file")
+                raise DataError(f"{path}: is a folder, expected a JSON-lines file", hint=CHECK_PATH)
             if not Path(path).is_file():
-                raise DataError(f"{path}: file not found")
+                raise DataError(f"{path}: file not found", hint=CHECK_PATH)
         return file_signature(*filter(None, (self.train_file, self.val_file)))
 
     def load_rows(self) -> tuple[Iterable[Example], Iterable[Example] | None, list[str]]:

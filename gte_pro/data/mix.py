@@ -29,8 +29,9 @@ from gte_pro.data.demo import DemoDataModule
 from gte_pro.data.hf import HFDataModule
 from gte_pro.data.jsonl import JsonlDataModule
 from gte_pro.data.mix_sampling import MixedPairs, MixSampler, offsets_of, source_probabilities
-from gte_pro.data.records import DataError, Example
+from gte_pro.data.records import Example
 from gte_pro.data.sampling import ResumableLoader
+from gte_pro.errors import DataError
 from gte_pro.retrieval import RetrievalSet
 
 log = logging.getLogger(__name__)

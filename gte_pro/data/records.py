@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gte_pro.errors import CHECK_PATH, DataError
+
 log = logging.getLogger(__name__)
 
 # texts are cut here before cleaning and tokenizing: far beyond 8,192 tokens of any real text, while a 10 MB line
@@ -24,10 +26,6 @@ log = logging.getLogger(__name__)
 MAX_TEXT_CHARS = 100_000
 CUT = f"text cut at {MAX_TEXT_CHARS:,} chars"
 CONTROL = "text with control or invalid characters removed"
-
-
-class DataError(ValueError):
-    """Bad training or evaluation data; the message names the file, line and field."""
 
 
 @dataclass
@@ -193,9 +191,9 @@ def iter_text_lines(path: str | Path) -> Iterator[tuple[int, str]]:
     UTF-8 raise DataError naming the line instead of a UnicodeDecodeError from deep inside a loop."""
     path = Path(path)
     if path.is_dir():
-        raise DataError(f"{path}: is a folder, expected a file")
+        raise DataError(f"{path}: is a folder, expected a file", hint=CHECK_PATH)
     if not path.is_file():
-        raise DataError(f"{path}: file not found")
+        raise DataError(f"{path}: file not found", hint=CHECK_PATH)
     with path.open("rb") as handle:
         for line_no, raw in enumerate(handle, start=1):
             if line_no == 1 and raw.startswith(codecs.BOM_UTF8):

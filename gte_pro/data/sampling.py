@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader, DistributedSampler
 
+from gte_pro.errors import ResumeError
+
 # a sampler item: (row of the training data, epoch). The epoch travels with the row so that the dataset's draw of
 # positives and negatives (gte_pro.data.datasets.TokenizedPairs) changes every epoch without any counter in the
 # DataLoader's worker processes (which are copies, and restart every epoch unless persistent).
@@ -134,7 +136,7 @@ class ResumableLoader(DataLoader):
         saved = {key: state.get(key) for key in layout}
         if saved != layout:
             # another batch layout would make "the next batch" a different set of rows: say so, don't guess
-            raise ValueError(f"the checkpoint's data order {saved} does not match this run's {layout}: resume with "
+            raise ResumeError(f"the checkpoint's data order {saved} does not match this run's {layout}: resume with "
                              "the same data, data.batch_size x devices and seed, or start a new run folder")
         sampler.resume_at(int(state["epoch"]), int(state["batches_done"]))
         self._position = (sampler.epoch, sampler._resume[1] if sampler._resume else 0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from gte_pro.errors import ConfigError
 from gte_pro.utils.distributed import is_distributed
 
 QUANTIZATIONS = ("int8", "binary")
@@ -46,4 +47,4 @@ def quantize(embeddings: torch.Tensor, precision: str, ranges: torch.Tensor | No
         step = (ranges[1] - start) / 255
         step = torch.where(step == 0, torch.ones_like(step), step)
         return torch.floor((embeddings - start) / step).clamp(0, 255) - 128
-    raise ValueError(f"eval.quantization: {precision!r} is not valid; valid choices: {', '.join(QUANTIZATIONS)}")
+    raise ConfigError(f"eval.quantization: {precision!r} is not valid; valid choices: {', '.join(QUANTIZATIONS)}")

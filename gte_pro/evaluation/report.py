@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gte_pro.errors import ConfigError
 from gte_pro.utils.tables import markdown_table
 
 METRICS = ("ndcg@10", "mrr@10", "map@100", "recall@1", "recall@10", "recall@100")
@@ -22,7 +23,7 @@ def optimized_value(metrics: Mapping[str, float], metric: str | None) -> float |
     if not metric:
         return None
     if metric not in metrics:
-        raise ValueError(f"optimized_metric={metric!r} is not a metric of this run; valid choices: "
+        raise ConfigError(f"optimized_metric={metric!r} is not a metric of this run; valid choices: "
                          f"{', '.join(sorted(metrics))}")
     return float(metrics[metric])
 

@@ -17,6 +17,7 @@ from gte_pro.data.beir import BeirSet
 from gte_pro.data.collate import EvalCollator
 from gte_pro.data.corpus_store import load_beir_stored
 from gte_pro.data.datasets import EvalTextsCache
+from gte_pro.errors import ConfigError
 from gte_pro.retrieval import RetrievalSet
 
 
@@ -28,7 +29,7 @@ def _entry_spec(entry: Any, where: str) -> tuple[str, Any, Any]:
     if isinstance(entry, Mapping):
         unknown = set(entry) - {"path", "split", "name"}
         if "path" not in entry or unknown:
-            raise ValueError(f"{where}={entry}: expected a folder or {{path, split, name}}"
+            raise ConfigError(f"{where}={entry}: expected a folder or {{path, split, name}}"
                              + (f" (unknown keys: {', '.join(sorted(map(str, unknown)))})" if unknown else ""))
         path, split, name = entry["path"], entry.get("split"), entry.get("name")
     else:
@@ -38,7 +39,7 @@ def _entry_spec(entry: Any, where: str) -> tuple[str, Any, Any]:
         # a split or name may be written as a number (split: 2020); a list, a mapping or an empty string may not
         text_like = isinstance(value, str | int) and not isinstance(value, bool) and str(value).strip()
         if not (value is None and key != "path") and not text_like:
-            raise ValueError(f"{where}: {key}={value!r} is not valid; expected a folder name or "
+            raise ConfigError(f"{where}: {key}={value!r} is not valid; expected a folder name or "
                              "{path: folder, split: name, name: name} with non-empty strings")
     return str(path), split, name
 
@@ -48,7 +49,7 @@ def eval_set_specs(entries: Sequence[Any] | str, default_split: str) -> list[tup
     if isinstance(entries, str):  # eval.beir=data/scifact: one folder, not one folder per character
         entries = [entries]
     if not isinstance(entries, Sequence | ListConfig):
-        raise ValueError(f"eval.beir={entries!r}: expected a list of BEIR folders, e.g. eval.beir=[data/scifact]")
+        raise ConfigError(f"eval.beir={entries!r}: expected a list of BEIR folders, e.g. eval.beir=[data/scifact]")
     specs = []
     for index, entry in enumerate(entries):
         path, split, name = _entry_spec(entry, f"eval.beir[{index}]")
@@ -56,7 +57,7 @@ def eval_set_specs(entries: Sequence[Any] | str, default_split: str) -> list[tup
     names = [name for _, _, name in specs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise ValueError(f"eval.beir: two sets are named {', '.join(duplicates)}; give each a name "
+        raise ConfigError(f"eval.beir: two sets are named {', '.join(duplicates)}; give each a name "
                          f"({{path: ..., name: ...}})")
     return specs
 

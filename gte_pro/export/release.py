@@ -11,6 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from gte_pro.errors import MissingDependencyError
 from gte_pro.evaluation.report import metrics_table
 from gte_pro.export.card import card_sections, write_model_card
 from gte_pro.export.verify import (
@@ -34,7 +35,7 @@ def check_export_requirements(options: Any) -> None:
     if options and options.get("onnx"):
         missing = [name for name in ("onnx", "onnxruntime") if importlib.util.find_spec(name) is None]
         if missing:
-            raise ImportError(f"export.onnx=true needs {', '.join(missing)}: pip install -e '.[export]' "
+            raise MissingDependencyError(f"export.onnx=true needs {', '.join(missing)}: pip install -e '.[export]' "
                               f"(or set export.onnx=false)")
 
 

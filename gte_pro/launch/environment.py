@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from gte_pro.errors import ConfigError
 from gte_pro.launch.relaunch import patch_lightning_ddp_relaunch
 
 DIST_ENV_KEYS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GLOBAL_RANK",
@@ -31,7 +32,7 @@ def run_stamp() -> str:
     if run_id is None or (run_id == "none" and int(os.environ.get("WORLD_SIZE", "1")) <= 1):
         return datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     if run_id == "none":  # torchrun's default when --rdzv-id is not given (--standalone makes one up)
-        raise ValueError("torchrun without --rdzv-id: its processes cannot agree on one run folder (each would "
+        raise ConfigError("torchrun without --rdzv-id: its processes cannot agree on one run folder (each would "
                          "stamp its own start time). Give every torchrun the same --rdzv-id NAME (the run folder is "
                          "then outputs/<task>/torchrun-NAME), or hydra.run.dir=<a folder every node sees>")
     return "torchrun-" + re.sub(r"[^A-Za-z0-9._-]", "_", run_id)
@@ -101,7 +102,7 @@ def device_count(devices: Any) -> int | None:
         count = int(parts[0]) if len(parts) == 1 else len(parts)
         if count >= 1:
             return count
-    raise ValueError(f"devices={devices!r} is not valid; valid choices: a positive integer, auto, -1 (all), or "
+    raise ConfigError(f"devices={devices!r} is not valid; valid choices: a positive integer, auto, -1 (all), or "
                      "device indices such as [0,1]")
 
 
@@ -110,12 +111,12 @@ def check_devices_match_tasks(devices: Any, tasks_per_node: Any) -> None:
     if tasks_per_node is None:
         return
     if isinstance(tasks_per_node, bool) or not str(tasks_per_node).strip().isdigit() or int(tasks_per_node) < 1:
-        raise ValueError(f"hydra.launcher.tasks_per_node={tasks_per_node!r} is not valid; valid choices: a positive "
+        raise ConfigError(f"hydra.launcher.tasks_per_node={tasks_per_node!r} is not valid; valid choices: a positive "
                          "integer, one task per device (the launcher configs default it to ${devices})")
     tasks_per_node = int(tasks_per_node)
     wanted = device_count(devices)
     if wanted is not None and wanted != tasks_per_node:
-        raise ValueError(
+        raise ConfigError(
             f"devices={devices} but the launcher runs {tasks_per_node} task(s) per node: set "
             f"hydra.launcher.tasks_per_node={devices} (the launcher configs default it to ${{devices}}) "
             f"or devices={tasks_per_node}"
@@ -126,13 +127,13 @@ def check_nodes_match(nodes: Any, launcher_nodes: Any, local: bool) -> None:
     """``nodes`` (the job's) must be what the launcher allocates: SLURM's ``nodes`` is resolved once for a whole
     sweep, so a sweep over ``nodes`` (like one over ``devices``) cannot be submitted; submitit_local is one machine."""
     if isinstance(nodes, bool) or not str(nodes).strip().isdigit() or int(nodes) < 1:
-        raise ValueError(f"nodes={nodes!r} is not valid; valid choices: a positive integer")
+        raise ConfigError(f"nodes={nodes!r} is not valid; valid choices: a positive integer")
     nodes = int(nodes)
     if local and nodes != 1:
-        raise ValueError(f"nodes={nodes} with hydra/launcher=local: it starts every task on this machine; use "
+        raise ConfigError(f"nodes={nodes} with hydra/launcher=local: it starts every task on this machine; use "
                          "hydra/launcher=slurm for several nodes, or nodes=1")
     if launcher_nodes is not None and not local and int(launcher_nodes) != nodes:
-        raise ValueError(f"nodes={nodes} but hydra.launcher.nodes={launcher_nodes}: the launcher allocates one node "
+        raise ConfigError(f"nodes={nodes} but hydra.launcher.nodes={launcher_nodes}: the launcher allocates one node "
                          "count for the whole sweep; leave hydra.launcher.nodes at ${nodes} and run one sweep per "
                          "node count")
 
@@ -164,7 +165,7 @@ def check_multi_node_launch(nodes: Any) -> None:
         return
     if "SLURM_JOB_ID" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ or "NODE_RANK" in os.environ:
         return
-    raise ValueError(f"nodes={nodes} needs a multi-node launcher: python train.py -m hydra/launcher=slurm "
+    raise ConfigError(f"nodes={nodes} needs a multi-node launcher: python train.py -m hydra/launcher=slurm "
                      f"nodes={nodes} ..., or torchrun --nnodes {nodes} on each node (README: SLURM, Nodes)")
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from gte_pro.errors import ConfigError, MissingFileError, ResumeError
 from gte_pro.launch.checkpoint_io import LAST, PREVIOUS, is_intact
 from gte_pro.utils.files import write_json_atomic
 from gte_pro.utils.secrets import redact_secrets
@@ -58,19 +59,19 @@ def resume_checkpoint(ckpt_path: str | None, resume: str, output_dir: Path) -> s
     """An explicit ``ckpt_path`` wins; with ``resume=auto`` (or ``force``) a run folder that holds a checkpoint (a
     requeued SLURM job, a killed run started again with the same ``hydra.run.dir``) continues from it."""
     if resume not in RESUME_CHOICES:
-        raise ValueError(f"resume={resume!r} is not valid; valid choices: {', '.join(RESUME_CHOICES)}")
+        raise ConfigError(f"resume={resume!r} is not valid; valid choices: {', '.join(RESUME_CHOICES)}")
     if ckpt_path:
         if not Path(ckpt_path).is_file():
-            raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such checkpoint file")
+            raise MissingFileError(f"ckpt_path={ckpt_path}: no such checkpoint file")
         if problem := is_intact(ckpt_path):
-            raise ValueError(f"ckpt_path={ckpt_path}: the checkpoint is damaged ({problem})")
+            raise ResumeError(f"ckpt_path={ckpt_path}: the checkpoint is damaged ({problem})")
         return str(ckpt_path)
     folder = output_dir / "checkpoints"
     if resume == "never" or not any((folder / name).is_file() for name in (LAST, PREVIOUS)):
         return None
     found = _newest_intact(folder)
     if found is None:
-        raise ValueError(f"{folder} holds no intact checkpoint to resume from (damaged ones were renamed "
+        raise ResumeError(f"{folder} holds no intact checkpoint to resume from (damaged ones were renamed "
                          "*.corrupt-*): start a new run folder, or pass resume=never to train this one from scratch")
     log.info("resuming from %s", found)
     return str(found)
@@ -114,7 +115,7 @@ def check_resumed_config(cfg: DictConfig, output_dir: Path, ckpt_path: str | Non
                if _changed(then.get(key), now.get(key), key in then)}
     if changed and cfg.get("resume") != "force":
         lines = "\n".join(f"  {key}: {old!r} -> {new!r}" for key, (old, new) in changed.items())
-        raise ValueError(f"{output_dir} was trained with another config than this run's; the checkpoint would "
+        raise ResumeError(f"{output_dir} was trained with another config than this run's; the checkpoint would "
                          f"continue a different training. Changed keys:\n{lines}\nUse a new run folder, or "
                          "resume=force to continue anyway (the changes are recorded in metrics.json).")
     if changed:

@@ -31,7 +31,8 @@ from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.cache import cache_key, file_signature, tokenizer_fingerprint
 from gte_pro.data.corpus_store import CHUNK, CorpusStore, TokenWriter, hash64, save_array
-from gte_pro.data.records import MAX_TEXT_CHARS, DataError, clean_text, iter_jsonl, type_name
+from gte_pro.data.records import MAX_TEXT_CHARS, clean_text, iter_jsonl, type_name
+from gte_pro.errors import CHECK_PATH, DataError
 from gte_pro.utils.files import CheckedSink, published_folder, writes_to
 from gte_pro.utils.progress import Progress
 
@@ -107,7 +108,7 @@ def ensure_text_store(files: Sequence[str | Path], tokenizer: PreTrainedTokenize
     loaded: ``prepare_data`` builds, each rank's ``setup`` opens)."""
     for path in files:
         if not Path(path).is_file():
-            raise DataError(f"mine.corpus_files: {path}: file not found")
+            raise DataError(f"mine.corpus_files: {path}: file not found", hint=CHECK_PATH)
     folder = store_folder(files, tokenizer, max_length, doc_prefix, cache_dir)
     if not (folder / "meta.json").is_file():
         build_text_store(files, folder, tokenizer, max_length, doc_prefix)

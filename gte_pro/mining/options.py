@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from gte_pro.errors import ConfigError
+
 SAMPLING = ("top", "random")
 
 
@@ -65,7 +67,7 @@ def option_problems(values: Mapping[str, Any], where: str = "mine") -> list[str]
 
 def check_options(values: Mapping[str, Any], where: str = "mine") -> None:
     if problems := option_problems(values, where):
-        raise ValueError("invalid mining options:\n  " + "\n  ".join(problems))
+        raise ConfigError("invalid mining options:\n  " + "\n  ".join(problems))
 
 
 def mining_options(cfg_node: Any, seed: int, where: str = "mine") -> MiningOptions:

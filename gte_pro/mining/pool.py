@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from gte_pro.data.records import DataError
+from gte_pro.errors import DataError
 from gte_pro.utils.files import write_atomic, write_json_atomic
 
 log = logging.getLogger(__name__)

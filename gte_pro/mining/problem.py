@@ -14,8 +14,9 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.datasets import TokenizedTexts
-from gte_pro.data.records import DataError, Example
+from gte_pro.data.records import Example
 from gte_pro.data.split import is_held_out
+from gte_pro.errors import ConfigError, DataError
 from gte_pro.mining.corpus import TextStore
 
 
@@ -86,7 +87,7 @@ class MiningCorpus(Sequence):
             return head
         settings = (self.store.meta["max_length"], self.store.meta["doc_prefix"])
         if settings != (max_length, doc_prefix):
-            raise ValueError(f"{self.store.folder}: tokenized with max_length={settings[0]}, doc prefix "
+            raise ConfigError(f"{self.store.folder}: tokenized with max_length={settings[0]}, doc prefix "
                              f"{settings[1]!r}; this mining uses {max_length}, {doc_prefix!r}")
         return JoinedTokens(head, self.store, self.rows)
 
@@ -153,5 +154,5 @@ def corpus_files_setting(value: Any) -> list[str]:
     if paths is not None:
         if all(isinstance(p, str) and p.strip() for p in paths):
             return [str(Path(p).expanduser()) for p in paths]
-    raise ValueError(f"mine.corpus_files={value!r}: expected a list of JSON-lines files, e.g. "
+    raise ConfigError(f"mine.corpus_files={value!r}: expected a list of JSON-lines files, e.g. "
                      "mine.corpus_files=[data/corpus.jsonl]")

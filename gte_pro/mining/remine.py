@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from gte_pro.data.records import DataError
+from gte_pro.errors import ConfigError, DataError
 from gte_pro.mining.embed import mine_texts
 from gte_pro.mining.options import MiningOptions
 from gte_pro.mining.pool import NegativePool, write_pool
@@ -54,7 +54,7 @@ class RemineNegatives(Callback):
     def __init__(self, folder: str | Path, options: MiningOptions, every_n_epochs: int = 1, at_start: bool = False,
                  batch_size: int = 128, max_length: int = 256) -> None:
         if every_n_epochs < 0:
-            raise ValueError(f"data.remine.every_n_epochs must be >= 0 (0: off), got {every_n_epochs}")
+            raise ConfigError(f"data.remine.every_n_epochs must be >= 0 (0: off), got {every_n_epochs}")
         self.pool = NegativePool(folder)
         self.options = options
         self.every_n_epochs = every_n_epochs
@@ -74,7 +74,7 @@ class RemineNegatives(Callback):
             return
         datamodule = trainer.datamodule
         if not getattr(datamodule, "num_negatives", 0):
-            raise ValueError("data.remine needs hard negatives to draw: set data.num_negatives > 0 "
+            raise ConfigError("data.remine needs hard negatives to draw: set data.num_negatives > 0 "
                              f"(now {getattr(datamodule, 'num_negatives', None)})")
         datamodule.negative_pool = self.pool
 

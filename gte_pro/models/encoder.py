@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModel, AutoTokenizer, BertConfig, PreTrainedTokenizerBase
 
+from gte_pro.errors import ConfigError, MissingModelError
 from gte_pro.models.heads import build_projection, load_dense_head
 from gte_pro.models.length_chunks import chunk_plan, chunks_for, parse_length_chunks
 from gte_pro.models.lora import with_lora
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 def _refuse_remote_code(error: Exception, name_or_path: str, trust_remote_code: bool) -> None:
     """transformers' refusal to run a repository's code, in terms of our config key."""
     if "trust_remote_code" in str(error) and not trust_remote_code:
-        raise ValueError(f"{name_or_path}: this model's code lives in its hub repository and would run on this "
+        raise ConfigError(f"{name_or_path}: this model's code lives in its hub repository and would run on this "
                          "machine; set model.trust_remote_code=true to allow it") from error
 
 
@@ -69,7 +70,7 @@ class Encoder(nn.Module):
         super().__init__()
         if not isinstance(trust_remote_code, bool):
             # a string "false" is true: only a real boolean may decide whether hub code runs on this machine
-            raise ValueError(f"model.trust_remote_code={trust_remote_code!r} is not valid; valid choices: true, false")
+            raise ConfigError(f"model.trust_remote_code={trust_remote_code!r} is not valid; valid choices: true, false")
         self.name_or_path = str(name_or_path)
         try:
             self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
@@ -78,6 +79,10 @@ class Encoder(nn.Module):
         except ValueError as err:
             _refuse_remote_code(err, self.name_or_path, trust_remote_code)
             raise
+        except OSError as err:  # no such folder, or a hub name that is not in the cache while offline
+            looks_local = self.name_or_path.startswith((".", "/", "~")) or self.name_or_path.count("/") > 1
+            why = "no such folder" if looks_local else str(err).splitlines()[0]
+            raise MissingModelError(f"model.name_or_path={self.name_or_path}: {why}") from err
         if random_init_config is not None:
             # a small randomly initialised BERT that shares the named tokenizer (used by tests / debug)
             config = BertConfig(vocab_size=len(self.tokenizer), **dict(random_init_config))
@@ -119,7 +124,7 @@ class Encoder(nn.Module):
             self.projection = load_dense_head(self.name_or_path)
         self.pooling = pooling or detected_pooling or "mean"
         if self.pooling not in POOLING_MODES:
-            raise ValueError(
+            raise ConfigError(
                 f"model.pooling={self.pooling!r} is not valid; valid choices: {', '.join(POOLING_MODES)}"
             )
         self.normalize = bool(normalize if normalize is not None else (detected_normalize

@@ -10,6 +10,8 @@ from typing import Any
 
 from torch import nn
 
+from gte_pro.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 
@@ -29,15 +31,15 @@ def build_projection(hidden: int, options: dict[str, Any]) -> nn.Sequential:
     dropout: ``{dims: [512, 512], activation: relu, dropout: 0.1}`` is hidden -> 512 -> ReLU -> dropout -> 512."""
     unknown = sorted(set(options) - set(PROJECTION_KEYS))
     if unknown:
-        raise ValueError(f"model.projection: unknown key(s) {', '.join(unknown)}; valid keys: "
+        raise ConfigError(f"model.projection: unknown key(s) {', '.join(unknown)}; valid keys: "
                          f"{', '.join(PROJECTION_KEYS)}")
     settings = {**PROJECTION_KEYS, **options}
     dims = list(settings["dims"] or [])
     if not dims or any(not isinstance(d, int) or d < 1 for d in dims):
-        raise ValueError(f"model.projection.dims={settings['dims']!r}: expected a list of positive integers, "
+        raise ConfigError(f"model.projection.dims={settings['dims']!r}: expected a list of positive integers, "
                          "e.g. [512, 512]")
     if settings["activation"] not in ACTIVATIONS:
-        raise ValueError(f"model.projection.activation={settings['activation']!r} is not valid; valid choices: "
+        raise ConfigError(f"model.projection.activation={settings['activation']!r} is not valid; valid choices: "
                          f"{', '.join(ACTIVATIONS)}")
     layers: list[nn.Module] = []
     for index, (width_in, width_out) in enumerate(zip([hidden, *dims], dims, strict=False)):
@@ -66,7 +68,7 @@ def load_dense_head(name_or_path: str) -> nn.Sequential | None:
         activation = str(config.get("activation_function", "torch.nn.modules.activation.Tanh")).rsplit(".", 1)[-1]
         kinds = {kind.__name__: kind for kind in ACTIVATIONS.values()}
         if activation not in kinds:
-            raise ValueError(f"{folder / 'config.json'}: activation_function {activation} is not supported; "
+            raise ConfigError(f"{folder / 'config.json'}: activation_function {activation} is not supported; "
                              f"supported: {', '.join(kinds)}")
         layers += [linear] + ([kinds[activation]()] if activation != "Identity" else [])
     if layers:

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from gte_pro.errors import ConfigError
+
 _NEVER = np.iinfo(np.int64).max // 4  # "no such split": far above any real count, and safe to add to
 AUTO_CPU_CHUNKS = 4  # model.length_chunks=auto on the CPU (make bench: 1.17x the samples/s of one padded pass)
 
@@ -23,7 +25,7 @@ def parse_length_chunks(value: Any) -> int | str:
     if value == "auto":
         return "auto"
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"model.length_chunks={value!r} is not valid: auto, 1 (one padded pass) or more chunks "
+        raise ConfigError(f"model.length_chunks={value!r} is not valid: auto, 1 (one padded pass) or more chunks "
                          "per pass")
     return value
 

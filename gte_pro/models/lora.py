@@ -7,6 +7,8 @@ from typing import Any
 
 from torch import nn
 
+from gte_pro.errors import ConfigError
+
 LORA_KEYS = {"r": 16, "alpha": 32, "dropout": 0.1, "target_modules": None}
 
 
@@ -17,7 +19,7 @@ def with_lora(backbone: nn.Module, options: dict[str, Any]) -> nn.Module:
 
     unknown = sorted(set(options) - set(LORA_KEYS))
     if unknown:
-        raise ValueError(f"model.lora: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(LORA_KEYS)}")
+        raise ConfigError(f"model.lora: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(LORA_KEYS)}")
     settings = {**LORA_KEYS, **options}
     target_modules = settings["target_modules"]
     config = LoraConfig(r=int(settings["r"]), lora_alpha=float(settings["alpha"]),
@@ -26,4 +28,4 @@ def with_lora(backbone: nn.Module, options: dict[str, Any]) -> nn.Module:
     try:
         return get_peft_model(backbone, config)
     except ValueError as error:  # e.g. target modules that the architecture does not have
-        raise ValueError(f"model.lora: {error}") from error
+        raise ConfigError(f"model.lora: {error}") from error

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from gte_pro.errors import ConfigError
+
 POOLING_MODES = ("mean", "cls", "last")
 _ST_POOLING_KEYS = {
     "pooling_mode_mean_tokens": "mean",
@@ -30,7 +32,7 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch
         if bool((attention_mask[:, -1] == 1).all()):
             last = torch.full_like(last, attention_mask.shape[1] - 1)
         return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
-    raise ValueError(f"unknown pooling mode {mode!r}; valid choices: {', '.join(POOLING_MODES)}")
+    raise ConfigError(f"unknown pooling mode {mode!r}; valid choices: {', '.join(POOLING_MODES)}")
 
 
 def _read_json(path: Path) -> dict | list | None:

@@ -20,6 +20,7 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
+from gte_pro.errors import ConfigError
 from gte_pro.evaluation.report import merge_results, metrics_table, optimized_value
 from gte_pro.evaluation.sets import attach_eval_sets
 from gte_pro.export.release import check_export_requirements, release
@@ -57,7 +58,7 @@ def run_lr_find(trainer: Trainer, module: ContrastiveModule, datamodule: Any, ou
     from lightning.pytorch.tuner import Tuner
 
     if trainer.world_size > 1:
-        raise ValueError("lr_find=true runs on one device: drop strategy=ddp/devices>1 for the search, "
+        raise ConfigError("lr_find=true runs on one device: drop strategy=ddp/devices>1 for the search, "
                          "then train with the suggested model.lr")
     finder = Tuner(trainer).lr_find(module, datamodule=datamodule, update_attr=True, attr_name="lr",
                                     num_training=num_training, early_stop_threshold=None)

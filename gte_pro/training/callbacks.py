@@ -1,5 +1,5 @@
-"""Callbacks of our own: training throughput (progress bar, loggers, text log), the resumable last checkpoint, and
-the record of each validation during fit."""
+"""Callbacks of our own: training throughput (progress bar, loggers, text log), a one-line progress bar, the
+resumable last checkpoint, and the record of each validation during fit."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.callbacks import Checkpoint, RichProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
 
 from gte_pro.launch.checkpoint_io import LAST
@@ -70,6 +70,24 @@ class Throughput(Callback):
         eta = (total - step) / steps_per_s if steps_per_s else float("nan")
         log.info("step %d/%d | loss %s | %.1f samples/s | %.0f tokens/s | eta %.0fs", step, total,
                  f"{float(loss):.4f}" if loss is not None else "-", rate, self._tokens_per_s or 0.0, eta)
+
+
+class ProgressBar(RichProgressBar):
+    """Lightning's Rich bar with one line of figures: step, loss, learning rate, samples/s and the last validation's
+    NDCG@10, instead of every metric logged with ``prog_bar=True`` (a column that wraps on a terminal)."""
+
+    def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, int | str | float]:
+        logged = trainer.progress_bar_metrics  # refreshed on the steps written to the loggers
+        figures: dict[str, int | str | float] = {"step": trainer.global_step}
+        if "train/loss" in logged:
+            figures["loss"] = f"{float(logged['train/loss']):.4f}"
+        if trainer.optimizers:
+            figures["lr"] = f"{trainer.optimizers[0].param_groups[0]['lr']:.2e}"
+        if "train/samples_per_s" in logged:
+            figures["samples/s"] = f"{float(logged['train/samples_per_s']):.1f}"
+        if "val/ndcg@10" in logged:
+            figures["val/ndcg@10"] = f"{float(logged['val/ndcg@10']):.4f}"
+        return figures
 
 
 class ValidationRecord(Callback):

@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from gte_pro.errors import ConfigError
 from gte_pro.training.losses import LossOutput, _at_least_fp32, split_documents
 
 Features = Mapping[str, torch.Tensor]
@@ -201,7 +202,7 @@ def embed_cached(
     inside the autocast context the encoder should run in; the replay in backward runs in the same one.
     """
     if mini_batch_size < 1:
-        raise ValueError(f"loss.mini_batch_size must be >= 1, got {mini_batch_size}")
+        raise ConfigError(f"loss.mini_batch_size must be >= 1, got {mini_batch_size}")
     device = batches[0]["input_ids"].device
     chunks = [chunk for features in batches for chunk in split_features(features, mini_batch_size)]
     states: list[RngState] = []

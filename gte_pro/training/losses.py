@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from gte_pro.errors import ConfigError
 from gte_pro.utils.distributed import is_distributed
 
 
@@ -52,14 +53,14 @@ def _matryoshka(dims: Sequence[int] | None, weights: Sequence[float] | None) -> 
     """Checked ``loss.matryoshka_dims`` and their weights (1 each unless given)."""
     if not dims:
         if weights:
-            raise ValueError("loss.matryoshka_weights is set but loss.matryoshka_dims is not")
+            raise ConfigError("loss.matryoshka_weights is set but loss.matryoshka_dims is not")
         return [], []
     dims = [int(d) for d in dims]
     if min(dims) < 1 or len(set(dims)) != len(dims):
-        raise ValueError(f"loss.matryoshka_dims={dims}: expected distinct positive dimensions")
+        raise ConfigError(f"loss.matryoshka_dims={dims}: expected distinct positive dimensions")
     weights = [1.0] * len(dims) if weights is None else [float(w) for w in weights]
     if len(weights) != len(dims) or min(weights) < 0:
-        raise ValueError(f"loss.matryoshka_weights={weights}: expected one weight >= 0 per dimension of "
+        raise ConfigError(f"loss.matryoshka_weights={weights}: expected one weight >= 0 per dimension of "
                          f"loss.matryoshka_dims={dims}")
     return dims, weights
 
@@ -146,14 +147,14 @@ class ContrastiveLoss(nn.Module, abc.ABC):
                  matryoshka_weights: Sequence[float] | None = None) -> None:
         super().__init__()
         if temperature <= 0:
-            raise ValueError(f"loss.temperature must be > 0, got {temperature}")
+            raise ConfigError(f"loss.temperature must be > 0, got {temperature}")
         if similarity not in SIMILARITIES:
-            raise ValueError(f"loss.similarity={similarity!r} is not valid; "
+            raise ConfigError(f"loss.similarity={similarity!r} is not valid; "
                              f"valid choices: {', '.join(SIMILARITIES)}")
         if mini_batch_size is not None and mini_batch_size < 1:
-            raise ValueError(f"loss.mini_batch_size must be >= 1 or null, got {mini_batch_size}")
+            raise ConfigError(f"loss.mini_batch_size must be >= 1 or null, got {mini_batch_size}")
         if max_skipped_steps < 0:
-            raise ValueError(f"loss.max_skipped_steps must be >= 0, got {max_skipped_steps}")
+            raise ConfigError(f"loss.max_skipped_steps must be >= 0, got {max_skipped_steps}")
         self.temperature = float(temperature)
         self.gather_across_devices = bool(gather_across_devices)
         self.mini_batch_size = None if mini_batch_size is None else int(mini_batch_size)
@@ -168,7 +169,7 @@ class ContrastiveLoss(nn.Module, abc.ABC):
             return self._loss(batch)
         full = query.shape[-1]
         if max(self.matryoshka_dims) > full:
-            raise ValueError(f"loss.matryoshka_dims={list(self.matryoshka_dims)}: {max(self.matryoshka_dims)} is "
+            raise ConfigError(f"loss.matryoshka_dims={list(self.matryoshka_dims)}: {max(self.matryoshka_dims)} is "
                              f"larger than the model's embedding dimension {full}")
         outputs = [self._loss(batch.truncated(d)) for d in self.matryoshka_dims]
         loss = sum(w * out.loss for w, out in zip(self.matryoshka_weights, outputs, strict=True))
@@ -232,7 +233,7 @@ class GTELoss(ContrastiveLoss):
         super().__init__(temperature, gather_across_devices, mini_batch_size, max_skipped_steps, similarity,
                          matryoshka_dims, matryoshka_weights)
         if not isinstance(mask_own_negatives, bool):
-            raise ValueError(f"loss.mask_own_negatives must be true or false, got {mask_own_negatives!r}")
+            raise ConfigError(f"loss.mask_own_negatives must be true or false, got {mask_own_negatives!r}")
         self.mask_own_negatives = mask_own_negatives
 
     needs_all_queries = True

@@ -15,6 +15,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 
+from gte_pro.errors import ConfigError, ResumeError
 from gte_pro.evaluation.metrics import evaluate_distributed
 from gte_pro.evaluation.rows import ValidationRows
 from gte_pro.models.encoder import Encoder
@@ -114,7 +115,7 @@ class ContrastiveModule(LightningModule):
         checkpoint = torch.load(checkpoint_path, map_location=map_location, weights_only=True)
         config = checkpoint.get(CONFIG_KEY)
         if not config:
-            raise ValueError(f"{checkpoint_path}: this checkpoint carries no '{CONFIG_KEY}' (written by gte-pro "
+            raise ResumeError(f"{checkpoint_path}: this checkpoint carries no '{CONFIG_KEY}' (written by gte-pro "
                              "before load_from_checkpoint existed); resume its run instead: python train.py "
                              "ckpt_path=...")
         module = cls.from_config(config)
@@ -136,7 +137,7 @@ class ContrastiveModule(LightningModule):
         if self.mini_batch_size and isinstance(getattr(self.trainer, "strategy", None), FSDPStrategy):
             # the replay re-runs the encoder inside backward and hands gradients to the parameter tensors of the
             # forward; FSDP gathers and frees sharded parameters around forward/backward itself
-            raise ValueError("loss.mini_batch_size (GradCache) is not supported with strategy=fsdp: use strategy=ddp, "
+            raise ConfigError("loss.mini_batch_size (GradCache) is not supported with strategy=fsdp: use strategy=ddp, "
                              "or loss.mini_batch_size=null")
         accumulate = int(getattr(self.trainer, "accumulate_grad_batches", 1) or 1)
         if accumulate > 1 and not self._warned_accumulation:
@@ -261,7 +262,7 @@ class ContrastiveModule(LightningModule):
         ``SentenceTransformer(..., truncate_dim=d)`` embeds; the full dimension is the plain figure already."""
         for dim in self.eval_dims:
             if dim > embeddings.shape[-1]:
-                raise ValueError(f"eval.truncate_dims: {dim} is larger than the model's embedding dimension "
+                raise ConfigError(f"eval.truncate_dims: {dim} is larger than the model's embedding dimension "
                                  f"{embeddings.shape[-1]}")
             if dim == embeddings.shape[-1]:
                 continue

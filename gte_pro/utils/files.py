@@ -22,10 +22,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from gte_pro.errors import UserError
 
-class WriteError(OSError):
+
+class WriteError(UserError, OSError):
     """A write that failed and left the previous version in place: names the target path (not the temporary
     one) and the cause. An ``OSError`` with the cause's ``errno`` (None when the cause was not an OS error)."""
+
+    hint = "free space or fix the permissions there, then run the same command again (nothing earlier was lost)"
 
     def __str__(self) -> str:
         cause = f"{self.strerror} (errno {self.errno})" if self.errno is not None else str(self.strerror)

@@ -19,6 +19,7 @@ from typing import Any
 
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher as _submitit
 
+from gte_pro.errors import ConfigError
 from gte_pro.launch.environment import check_devices_match_tasks, check_nodes_match, without_distributed_env
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -43,11 +44,11 @@ def check_sbatch_params(params: Mapping[str, Any]) -> None:
     for key, value in params.items():
         for where, text in _strings(value, f"hydra.launcher.{key}"):
             if _CONTROL.search(text):
-                raise ValueError(f"{where}={text!r}: a launcher string may not hold a newline or another control "
+                raise ConfigError(f"{where}={text!r}: a launcher string may not hold a newline or another control "
                                  "character (it would start a new line of the sbatch script)")
     for name in (params.get("additional_parameters") or {}):
         if not _OPTION_NAME.fullmatch(str(name)):
-            raise ValueError(f"hydra.launcher.additional_parameters: {str(name)!r} is not an sbatch option name "
+            raise ConfigError(f"hydra.launcher.additional_parameters: {str(name)!r} is not an sbatch option name "
                              "(letters, digits, '-' and '_', e.g. mail-type)")
 
 

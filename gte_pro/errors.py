@@ -1,0 +1,149 @@
+"""A user's mistakes, and how the command line reports them: one line saying what and where, one saying how to fix
+it, exit code 2, no traceback. A bug is anything else: it keeps its traceback.
+
+The package raises the types below for what a user can fix (a config value, a data row, a missing file, a refused
+resume, a full disk); Hydra's own composition errors (an unknown group option, key or override syntax) count too.
+``HYDRA_FULL_ERROR=1`` shows the traceback of a user's mistake as well.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+EXIT_USER_ERROR = 2
+# set by the first process from the user's HYDRA_FULL_ERROR and inherited by the ranks it starts, which then see
+# HYDRA_FULL_ERROR=1 (set below so that Hydra hands every error to ``run_cli``) without taking it for the user's wish
+SHOW_TRACEBACK = "GTE_PRO_SHOW_TRACEBACK"
+CHECK_PATH = "check the path (a relative path is read from the folder you started the command in)"
+
+
+class UserError(Exception):
+    """Something the user can fix; the message names it and where it is, ``hint`` says how to fix it."""
+
+    hint = "correct it and run the same command again"
+
+    def __init__(self, *args: Any, hint: str | None = None) -> None:
+        super().__init__(*args)
+        if hint is not None:
+            self.hint = hint
+
+
+class ConfigError(UserError, ValueError):
+    """A composed config with a wrong value or key; the message names each key and what is valid."""
+
+    hint = "fix the key on the command line or in conf/ (`python train.py --cfg job` prints the composed config)"
+
+
+class DataError(UserError, ValueError):
+    """Bad training or evaluation data; the message names the file, line and field."""
+
+    hint = "fix that line of the file, or drop it, and run the same command again"
+
+
+class MissingFileError(UserError, FileNotFoundError):
+    """A file or folder the config names does not exist."""
+
+    hint = CHECK_PATH
+
+
+class MissingModelError(MissingFileError):
+    """``model.name_or_path`` is neither a model folder nor a hub model this machine can reach."""
+
+    hint = ("give a folder that holds a Hugging Face model, or a hub name with network access or in the local cache "
+            "(HF_HUB_OFFLINE=1 reads the cache only)")
+
+
+class ResumeError(UserError, ValueError):
+    """A resume that would mix two different runs or has no intact checkpoint to start from."""
+
+    hint = "resume=never starts the run afresh in a new folder; resume=force continues with this config"
+
+
+class MissingDependencyError(UserError, ImportError):
+    """An option that needs a package this environment lacks; the message names the option and the package."""
+
+    hint = "install the extra the message names, or turn the option off"
+
+
+def _hydra_user_errors() -> tuple[type[BaseException], ...]:
+    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+    from omegaconf.errors import OmegaConfBaseException
+
+    return ConfigCompositionException, MissingConfigException, OverrideParseException, OmegaConfBaseException
+
+
+def _causes(error: BaseException | None) -> Iterator[BaseException]:
+    """``error`` and what it was explicitly raised from (``raise X from Y``), not what it was handling."""
+    while error is not None:
+        yield error
+        error = error.__cause__
+
+
+def user_error(error: BaseException) -> BaseException | None:
+    """The user's mistake behind ``error`` (``error`` itself or an explicit cause), or None for a bug."""
+    kinds = (UserError, *_hydra_user_errors())
+    return next((e for e in _causes(error) if isinstance(e, kinds)), None)
+
+
+def _one_line(text: str) -> str:
+    # a DataLoader worker re-raises with the worker's traceback in the message: its last line is the message
+    if "Traceback (most recent call last)" in text:
+        text = re.sub(r"^\w+(\.\w+)*: ", "", text.strip().splitlines()[-1])
+    return re.sub(r"\s*\n\s*", "; ", text.strip()).replace(":; ", ": ")
+
+
+def _hydra_hint(error: BaseException, message: str) -> str:
+    from hydra.errors import MissingConfigException
+
+    if isinstance(error, MissingConfigException) and getattr(error, "options", None):
+        return "choose one of: " + ", ".join(error.options)
+    if match := re.search(r"To append to your config use (\S+)", message):
+        return f"check the key's spelling (`python train.py --cfg job` lists the keys) or add it: {match[1]}"
+    return "check the override's syntax: key=value, group=option, +new_key=value (see docs/configuration.md)"
+
+
+def explain(error: BaseException) -> tuple[str, str] | None:
+    """(what and where, how to fix it) of a user's mistake, each one line; None for a bug."""
+    mistake = user_error(error)
+    if mistake is None:
+        return None
+    if isinstance(mistake, UserError):
+        return _one_line(str(mistake)), mistake.hint
+    # Hydra's lists of options and its config search path belong to the fix line, not the message
+    message = re.split(r"\n\s*(Available options|Config search path|To append to your config)", str(mistake))[0]
+    cause = mistake.__cause__
+    if cause is not None and str(cause) and str(cause) not in message:
+        message = f"{message.rstrip('.')}: {str(cause).splitlines()[0]}"
+    return _one_line(message), _hydra_hint(mistake, str(mistake))
+
+
+def _show_traceback() -> bool:
+    return os.environ.get(SHOW_TRACEBACK, os.environ.get("HYDRA_FULL_ERROR", "0")) == "1"
+
+
+@contextlib.contextmanager
+def exit_on_user_error() -> Iterator[None]:
+    """A user's mistake inside the block prints two lines to stderr and exits 2; a bug propagates."""
+    try:
+        yield
+    except Exception as error:
+        lines = None if _show_traceback() else explain(error)
+        if lines is None:
+            raise
+        sys.stderr.write(f"error: {lines[0]}\n  fix: {lines[1]} (HYDRA_FULL_ERROR=1 shows the traceback)\n")
+        raise SystemExit(EXIT_USER_ERROR) from None
+
+
+def run_cli(main: Callable[[], Any]) -> None:
+    """Run a ``@hydra.main`` function as the command line. Its body reports its own mistakes (``exit_on_user_error``
+    around the job, so that Hydra adds no line of its own); this catches those Hydra finds before the job starts: an
+    unknown group option or key, an override's syntax."""
+    os.environ.setdefault(SHOW_TRACEBACK, "1" if os.environ.get("HYDRA_FULL_ERROR") == "1" else "0")
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing its own partial traceback
+    with exit_on_user_error():
+        main()
