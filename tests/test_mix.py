@@ -300,7 +300,7 @@ def test_config_checks_name_bad_mix_keys(make_cfg):
     assert config_problems(make_cfg(good)) == []
     problems = config_problems(make_cfg([*good, "data.alpha=-1", "data.same_source_batches=maybe",
                                          "data.sources.qa.max_length=0"]))
-    assert "data.alpha=-1: expected a number >= 0" in problems
+    assert "data.alpha=-1.0: expected a number >= 0" in problems  # a float: the schema types data.alpha
     assert "data.same_source_batches='maybe': valid choices: true, false" in problems
     assert "data.sources.qa.max_length=0: expected an integer >= 1" in problems
     assert any(p.startswith("data.remine: not supported with data=mix") for p in
