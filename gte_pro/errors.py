@@ -71,10 +71,13 @@ class MissingDependencyError(UserError, ImportError):
 
 
 def _hydra_user_errors() -> tuple[type[BaseException], ...]:
+    """Hydra's composition errors, and OmegaConf's about a value the user wrote (a wrong type, an unset ``???``, an
+    interpolation that cannot be resolved); not a missing attribute, which is as likely our bug as the user's."""
     from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
-    from omegaconf.errors import OmegaConfBaseException
+    from omegaconf.errors import GrammarParseError, InterpolationResolutionError, MissingMandatoryValue, ValidationError
 
-    return ConfigCompositionException, MissingConfigException, OverrideParseException, OmegaConfBaseException
+    return (ConfigCompositionException, MissingConfigException, OverrideParseException, ValidationError,
+            MissingMandatoryValue, InterpolationResolutionError, GrammarParseError)
 
 
 def _causes(error: BaseException | None) -> Iterator[BaseException]:

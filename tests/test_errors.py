@@ -70,6 +70,10 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
         raise KeyError("a bug")
     with pytest.raises(ValueError), exit_on_user_error():
         raise ValueError("a bug's ValueError is not a user's mistake")
+    from omegaconf.errors import ConfigAttributeError
+
+    with pytest.raises(ConfigAttributeError), exit_on_user_error():  # our code reading a key that is not there
+        raise ConfigAttributeError("Missing key remine")
 
 
 def test_a_mistake_exits_2_with_what_and_how(monkeypatch, capsys):
