@@ -190,3 +190,19 @@ def test_a_training_batch_from_the_data_module_carries_teacher_scores(tmp_path: 
         assert 100 + i <= scores[0] <= 100.1 + i + 1e-4 and all(i <= s < i + 1 for s in scores[1:])  # float32
     meta = json.loads((module.token_cache.folder / "meta.json").read_text())
     assert meta["rows"] == len(module.token_cache)
+
+
+def test_re_mined_negatives_have_no_teacher_score(tmp_path: Path, tokenizer):
+    """With a re-mining pool active, a row's negatives are other rows' positives: only the positive keeps its
+    teacher score."""
+    module = _module(write_jsonl(tmp_path / "scored.jsonl", _scored_rows(40)), tokenizer, tmp_path)
+    module.setup()
+
+    class Pool:  # the NegativePool interface TokenizedPairs reads: (row, positive index) per mined negative
+        def references(self, rows, epoch):
+            return [[((r + 1) % 30, 0), ((r + 2) % 30, 0), ((r + 3) % 30, 0)] for r in rows] if epoch else None
+
+    pairs = TokenizedPairs(module.token_cache.token_rows(), 3, seed=3, mined=Pool())
+    before, after = pairs.__getitems__([(4, 0)])[0], pairs.__getitems__([(4, 1)])[0]
+    assert not any(math.isnan(s) for s in before.teacher)  # epoch 0: no pool yet, the row's own scored negatives
+    assert not math.isnan(after.teacher[0]) and all(math.isnan(s) for s in after.teacher[1:])
