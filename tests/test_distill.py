@@ -178,6 +178,12 @@ def test_a_query_without_any_teacher_score_adds_nothing_and_no_nan():
         assert ours.item() == pytest.approx(reference.item(), rel=1e-9)
         grads = _grads(ours, q, p, n)
         assert all(torch.isfinite(g).all() for g in grads) and grads[0][2].abs().max() == 0
+    # a batch with no teacher score at all (data=mix: a batch of an unscored source): the InfoNCE term alone
+    unscored = torch.full_like(teacher, math.nan)
+    for make in (DistillKLLoss, MarginMSELoss):
+        out = make(weight_infonce=0.5, temperature=0.05)(q, p, n, teacher_scores=unscored).loss
+        infonce = InfoNCELoss(temperature=0.05, similarity=make().similarity)(q, p, n).loss
+        _assert_close(out, 0.5 * infonce, (q, p, n))
 
 
 def test_distillation_needs_teacher_scores_and_negatives():

@@ -206,3 +206,31 @@ def test_re_mined_negatives_have_no_teacher_score(tmp_path: Path, tokenizer):
     before, after = pairs.__getitems__([(4, 0)])[0], pairs.__getitems__([(4, 1)])[0]
     assert not any(math.isnan(s) for s in before.teacher)  # epoch 0: no pool yet, the row's own scored negatives
     assert not math.isnan(after.teacher[0]) and all(math.isnan(s) for s in after.teacher[1:])
+
+
+@pytest.mark.parametrize("same_source_batches", [False, True])
+def test_mix_of_a_scored_and_an_unscored_source(tmp_path: Path, tokenizer, same_source_batches: bool):
+    """data=mix reads each source's scores through the source's own module; the unscored source's rows have NaN
+    teacher scores (left out of distillation), in batches that mix the sources and in batches of that source alone
+    (which still carry teacher_scores, all NaN, so that a distillation loss does not stop the run)."""
+    from gte_pro.data.mix import MixDataModule
+
+    plain = [{k: v for k, v in row.items() if not k.endswith("_scores")} | {"query": f"plain {row['query']}"}
+             for row in _scored_rows(40)]
+    sources = {"scored": {"type": "jsonl", "train_file": str(write_jsonl(tmp_path / "s.jsonl", _scored_rows(40)))},
+               "plain": {"type": "jsonl", "train_file": str(write_jsonl(tmp_path / "p.jsonl", plain))}}
+    module = MixDataModule(sources=sources, tokenizer=tokenizer, batch_size=8, num_negatives=3, val_fraction=0.1,
+                           seed=7, same_source_batches=same_source_batches, cache_dir=str(tmp_path / "cache"),
+                           max_length=32)
+    module.prepare_data()
+    module.setup("fit")
+    assert module.sources["scored"].token_cache.scored and not module.sources["plain"].token_cache.scored
+    batches = list(module.train_dataloader())
+    unscored = scored = 0
+    for batch in batches:
+        assert batch["teacher_scores"].shape == (8, 4)
+        for row, scores in zip(batch["rows"].tolist(), batch["teacher_scores"], strict=True):
+            from_plain = module.train_rows[row].query.startswith("plain")
+            assert bool(scores.isnan().all()) == from_plain and not (scores.isnan().any() and not from_plain)
+            unscored, scored = unscored + from_plain, scored + (not from_plain)
+    assert unscored and scored

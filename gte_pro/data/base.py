@@ -243,7 +243,7 @@ class ContrastiveDataModule(LightningDataModule, abc.ABC):
                             f"(data.batch_size={self.batch_size} x {world_size} devices): lower the batch size or "
                             "add data")
         pairs = TokenizedPairs(self.token_cache.token_rows(), self.num_negatives, self.seed, self.negative_pool)
-        collate = TokenCollator(self._require_tokenizer())
+        collate = TokenCollator(self._require_tokenizer(), teacher_scores=self.token_cache.scored)
         lengths = self.token_cache.lengths() if self.group_by_length else None
         sampler = EpochSampler(len(pairs), self.batch_size, world_size, rank, self.seed, lengths, self.length_window)
         # every step (and every rank) sees a full contrastive batch with the same number of negatives
