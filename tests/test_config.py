@@ -89,6 +89,16 @@ def test_loss_options(make_cfg, option):
     loss = instantiate(cfg.loss)
     tau = cfg.loss.temperature
     q = torch.eye(4, 8, dtype=torch.float64)
+    if option in ("distill_kl", "margin_mse"):
+        # each query's positive equals it, its one negative (the previous query) is orthogonal: own scores [1, 0];
+        # teacher scores [2, 0]. distill_kl: soft cross-entropy of softmax([2, 0]) against log_softmax([1, 0] / tau)
+        # plus InfoNCE (weight 1) over 8 candidates, of which 2 equal the query; margin_mse: (1 - 2)^2, alone
+        teacher = torch.tensor([[2.0, 0.0]] * 4, dtype=torch.float64)
+        soft_ce = math.log1p(math.exp(-1 / tau)) + (1 / tau) / (math.exp(2) + 1)
+        expected = {"distill_kl": soft_ce + math.log(2 + 6 * math.exp(-1 / tau)), "margin_mse": 1.0}
+        out = loss(q, q, q.roll(1, dims=0)[:, None], teacher_scores=teacher)
+        assert out.loss.item() == pytest.approx(expected[option], rel=1e-9)
+        return
     # InfoNCE: q_i against 4 documents. GTE adds q->q, d->q and d->d terms (j != i each): the partition function of
     # pair i holds s(q_i, d_i) once (the numerator) and 12 zero similarities; rolled, q_i meets its equal once in
     # q->d and once in d->q (d_{i+1} = q_i), and 11 zeros

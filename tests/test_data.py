@@ -112,7 +112,7 @@ def test_missing_negatives_are_filled_with_other_positives():
                                        "positives": [[[100 + i]] for i in range(5)],
                                        "negatives": [[[999]] if i == 0 else [] for i in range(5)]})
     pairs = TokenizedPairs(rows, num_negatives=2, seed=0)
-    query, positive, negatives, row = pairs[1]
+    query, positive, negatives, row = pairs[1][:4]  # [4]: teacher scores (None: the rows have none)
     assert (query, positive, row) == ([1], [101], 1)
     assert len(negatives) == 2 and all(100 <= n[0] < 105 and n != [101] for n in negatives)
     assert [999] in pairs[0].negatives
@@ -132,7 +132,7 @@ def test_cached_token_batches_equal_tokenizing_the_texts(pairs_file: Path, token
     drawn = pairs.__getitems__(indices)
     from_cache = TokenCollator(tokenizer)(drawn)
     texts = []
-    for index, (_, _, negative_ids, _) in zip(indices, drawn, strict=True):
+    for index, negative_ids in zip(indices, [row.negatives for row in drawn], strict=True):
         example = module.train_rows[index]
         # the negatives are drawn in a random order: name each by the text it was tokenized from
         by_ids = {tuple(tokenizer("passage: " + n, truncation=True, max_length=24)["input_ids"]): n

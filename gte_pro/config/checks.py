@@ -68,6 +68,8 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "loss.similarity": choice("cosine", "dot"),
     "loss.matryoshka_dims": lambda v: int_list(v, 1),
     "loss.matryoshka_weights": lambda v: number_list(v),
+    "loss.weight_infonce": number(0),  # loss=distill_kl, margin_mse
+    "loss.teacher_temperature": number(0, open_low=True),
     "data.batch_size": integer(2),
     "data.eval_batch_size": integer(1),
     "data.num_negatives": integer(0),

@@ -210,6 +210,26 @@ class GTESchema(InfoNCESchema):
     mask_own_negatives: FLAG = False
 
 
+@dataclass
+class MarginMSESchema(InfoNCESchema):
+    """MarginMSE from teacher scores (conf/loss/margin_mse.yaml, gte_pro/training/losses_distill.py)."""
+
+    # sentence-transformers' MarginMSELoss scores with the dot product (= cosine for a normalising encoder)
+    similarity: str = "dot"
+    # plus this times InfoNCE's in-batch term (temperature scales that term only); 0: the distillation term alone
+    weight_infonce: float = 0.0
+
+
+@dataclass
+class DistillKLSchema(MarginMSESchema):
+    """FlagEmbedding's KL distillation from teacher scores (conf/loss/distill_kl.yaml)."""
+
+    temperature: float = 0.02  # the student's, in the distillation and the InfoNCE term
+    similarity: str = "cosine"
+    teacher_temperature: float = 1.0  # softmax(teacher scores / teacher_temperature)
+    weight_infonce: float = 1.0  # FlagEmbedding adds its in-batch cross-entropy with weight 1
+
+
 # --- evaluation and mining ----------------------------------------------------------------------------------------
 @dataclass
 class EvalSchema:
@@ -262,7 +282,8 @@ class MineSchema:
 SCHEMAS: dict[str, dict[str, type]] = {
     "data": {"demo": DemoData, "jsonl": JsonlData, "hf": HfData, "beir": BeirData, "mix": MixData},
     "model": {"encoder": EncoderSchema},
-    "loss": {"infonce": InfoNCESchema, "gte": GTESchema},
+    "loss": {"infonce": InfoNCESchema, "gte": GTESchema, "distill_kl": DistillKLSchema,
+             "margin_mse": MarginMSESchema},
     "eval": {"default": EvalSchema},
     "mine": {"default": MineSchema},
 }

@@ -113,6 +113,11 @@ class ContrastiveDataModule(LightningDataModule, abc.ABC):
         into a private cache that is deleted at exit."""
         return None
 
+    def has_teacher_scores(self) -> bool:
+        """Whether the source's rows carry teacher scores (``gte_pro.data.scores``): then the token cache's key
+        says so, so that a cache built before scores were read (or from the rows without them) is not reused."""
+        return False
+
     # --- shared logic ---------------------------------------------------------------------------------------
     def _clean(self, rows: Iterable[Example], source: str) -> Iterator[Example]:
         """The cleaned rows, lazily; the report (counts per drop reason) fills in as they are read."""
@@ -133,7 +138,9 @@ class ContrastiveDataModule(LightningDataModule, abc.ABC):
         if signature is None:
             return None
         tokenizer = self._require_tokenizer()
-        key = cache_key({
+        # a source without scores keeps the key it always had: existing caches stay valid
+        scored = {"teacher_scores": True} if self.has_teacher_scores() else {}
+        key = cache_key(scored | {
             "source": signature, "module": type(self).__name__, "tokenizer": tokenizer_fingerprint(tokenizer),
             "max_length": self.max_length, "query_prefix": self.query_prefix, "doc_prefix": self.doc_prefix,
             "min_query_chars": self.min_query_chars, "min_doc_chars": self.min_doc_chars,
@@ -236,7 +243,7 @@ class ContrastiveDataModule(LightningDataModule, abc.ABC):
                             f"(data.batch_size={self.batch_size} x {world_size} devices): lower the batch size or "
                             "add data")
         pairs = TokenizedPairs(self.token_cache.token_rows(), self.num_negatives, self.seed, self.negative_pool)
-        collate = TokenCollator(self._require_tokenizer())
+        collate = TokenCollator(self._require_tokenizer(), teacher_scores=self.token_cache.scored)
         lengths = self.token_cache.lengths() if self.group_by_length else None
         sampler = EpochSampler(len(pairs), self.batch_size, world_size, rank, self.seed, lengths, self.length_window)
         # every step (and every rank) sees a full contrastive batch with the same number of negatives

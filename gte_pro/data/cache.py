@@ -40,6 +40,11 @@ SCHEMA = pa.schema([
     ("query", _IDS), ("positives", pa.list_(_IDS)), ("negatives", pa.list_(_IDS)), ("length", pa.int32()),
     ("query_text", pa.string()), ("positive_texts", pa.list_(pa.string())), ("negative_texts", pa.list_(pa.string())),
 ])
+# rows with teacher scores (gte_pro.data.scores) add two columns; a cache of rows without them is written exactly
+# as before these existed (same schema, same bytes), and a scored source has its own cache key (ContrastiveDataModule)
+SCORE_COLUMNS = ["pos_scores", "neg_scores"]
+SCORED_SCHEMA = SCHEMA.append(pa.field("pos_scores", pa.list_(pa.float64()))).append(
+    pa.field("neg_scores", pa.list_(pa.float64())))
 
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
@@ -116,16 +121,19 @@ def write_tokenized(rows: Iterable[Example], path: Path, tokenizer: PreTrainedTo
     with writes_to(path):
         sink = pa.OSFile(str(path), "wb")
     count = 0
+    writer = None
     try:
-        with writes_to(path):
-            writer = pa.ipc.new_stream(sink, SCHEMA)
         for chunk in _chunks(rows, chunk_size):
             batch = _record_batch(chunk, tokenize, query_prefix, doc_prefix)
             with writes_to(path):
+                if writer is None:  # the first rows decide whether the file has teacher-score columns
+                    writer = pa.ipc.new_stream(sink, batch.schema)
                 writer.write_batch(batch)
             count += len(chunk)
             progress.update(count)
         with writes_to(path):
+            if writer is None:
+                writer = pa.ipc.new_stream(sink, SCHEMA)
             writer.close()
             sink.close()
         progress.finish(count)
@@ -141,12 +149,17 @@ def _record_batch(chunk: list[Example], tokenize: _Tokenize, query_prefix: str, 
     positives = tokenize.nested([ex.positives for ex in chunk], doc_prefix)
     negatives = tokenize.nested([ex.negatives for ex in chunk], doc_prefix)
     lengths = [len(q) + len(p[0]) for q, p in zip(queries, positives, strict=True)]
-    return pa.record_batch([
+    columns = [
         pa.array(queries, _IDS), pa.array(positives, pa.list_(_IDS)), pa.array(negatives, pa.list_(_IDS)),
         pa.array(lengths, pa.int32()), pa.array([ex.query for ex in chunk], pa.string()),
         pa.array([ex.positives for ex in chunk], pa.list_(pa.string())),
         pa.array([ex.negatives for ex in chunk], pa.list_(pa.string())),
-    ], schema=SCHEMA)
+    ]
+    if chunk[0].pos_scores is None:
+        return pa.record_batch(columns, schema=SCHEMA)
+    columns += [pa.array([ex.pos_scores for ex in chunk], pa.list_(pa.float64())),
+                pa.array([ex.neg_scores for ex in chunk], pa.list_(pa.float64()))]
+    return pa.record_batch(columns, schema=SCORED_SCHEMA)
 
 
 class TokenizedCache:
@@ -161,15 +174,22 @@ class TokenizedCache:
     def __len__(self) -> int:
         return self.table.num_rows
 
+    @property
+    def scored(self) -> bool:
+        """Whether the rows carry teacher scores (``pos_scores``, ``neg_scores``)."""
+        return SCORE_COLUMNS[0] in self.table.column_names
+
     def token_rows(self) -> datasets.Dataset:
-        return self.table.select_columns(TOKEN_COLUMNS)
+        return self.table.select_columns(TOKEN_COLUMNS + (SCORE_COLUMNS if self.scored else []))
 
     def lengths(self) -> np.ndarray:
         return self.table.with_format("numpy")["length"]
 
     def example(self, index: int) -> Example:
-        row = self.table.select_columns(["query_text", "positive_texts", "negative_texts"])[index]
-        return Example(row["query_text"], row["positive_texts"], row["negative_texts"])
+        texts = ["query_text", "positive_texts", "negative_texts"]
+        row = self.table.select_columns(texts + (SCORE_COLUMNS if self.scored else []))[index]
+        return Example(row["query_text"], row["positive_texts"], row["negative_texts"], row.get("pos_scores"),
+                       row.get("neg_scores"))
 
     def validation(self) -> tuple[list[Example], list[str]]:
         val = [Example(q, positives, negatives) for q, positives, negatives in self.meta["val"]]

@@ -3,7 +3,9 @@ longest text, never to ``max_length``).
 
 Training batches hold ``query`` (B texts) and ``doc`` (the B positives, then the k negatives of each row in order,
 see ``gte_pro.training.losses.split_documents``) and ``rows`` (the training rows, by index); evaluation batches hold
-signed ``ids`` and ``features``.
+signed ``ids`` and ``features``. Rows with teacher scores add ``teacher_scores``: float32 (B, 1 + k), row i's
+positive first, then its k negatives in the order of ``doc`` (NaN: no teacher score for that slot, or a row of a
+source without scores in a mixed batch).
 """
 
 from __future__ import annotations
@@ -43,14 +45,19 @@ class PairCollator:
 
 
 class TokenCollator:
-    """Pads cached token ids to each batch's longest text: the same tensors :class:`PairCollator` makes from texts."""
+    """Pads cached token ids to each batch's longest text: the same tensors :class:`PairCollator` makes from texts.
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+    ``teacher_scores``: every batch carries ``teacher_scores`` (the data has scores, possibly in some sources of a
+    mix only: a batch of unscored rows is then all NaN rather than without the key); otherwise a batch has them when
+    one of its rows does."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, teacher_scores: bool = False) -> None:
         if tokenizer.pad_token_id is None:
             raise ConfigError(f"tokenizer {tokenizer.name_or_path} has no pad token: set tokenizer.pad_token")
         self.pad_id = tokenizer.pad_token_id
         self.left = tokenizer.padding_side == "left"
         self.token_type_ids = "token_type_ids" in tokenizer.model_input_names
+        self.teacher_scores = teacher_scores
 
     def pad(self, rows: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
         width = max(len(row) for row in rows)
@@ -69,8 +76,13 @@ class TokenCollator:
         query = self.pad([r.query for r in rows])
         doc = self.pad([r.positive for r in rows] + [n for r in rows for n in r.negatives])
         real_tokens = int(query["attention_mask"].sum()) + int(doc["attention_mask"].sum())
-        return {"query": query, "doc": doc, "num_negatives": len(rows[0].negatives), "num_tokens": real_tokens,
-                "rows": torch.tensor([r.row for r in rows], dtype=torch.long)}
+        batch = {"query": query, "doc": doc, "num_negatives": len(rows[0].negatives), "num_tokens": real_tokens,
+                 "rows": torch.tensor([r.row for r in rows], dtype=torch.long)}
+        if self.teacher_scores or any(r.teacher is not None for r in rows):
+            width = 1 + len(rows[0].negatives)
+            batch["teacher_scores"] = torch.tensor([r.teacher if r.teacher is not None else [float("nan")] * width
+                                                    for r in rows], dtype=torch.float32)
+        return batch
 
 
 class EvalCollator(TokenCollator):

@@ -3,6 +3,7 @@ cache's rows as Examples for inspection, and the texts of a retrieval set for ev
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -27,6 +28,8 @@ class DrawnRow(NamedTuple):
     positive: list[int]
     negatives: list[list[int]]
     row: int  # the row of the training data (batches carry it, so that a failing step can name its rows)
+    # teacher scores of [positive, *negatives] (NaN: a slot with no teacher score); None: the rows have no scores
+    teacher: list[float] | None = None
 
 
 class TokenizedPairs(Dataset):
@@ -38,6 +41,11 @@ class TokenizedPairs(Dataset):
     Missing hard negatives are filled with other rows' positives. ``__getitems__`` lets the DataLoader fetch a
     whole batch in one read of the memory-mapped table. With ``mined`` (re-mining during training), a row's hard
     negatives come from the pool active in the item's epoch instead of the row's own.
+
+    Rows with teacher scores (``pos_scores``/``neg_scores`` columns) draw the scores of the texts drawn; a slot
+    that has no teacher score (a missing hard negative filled with another row's positive, a re-mined negative) is
+    NaN, which the distillation losses leave out. Indices are drawn, not texts, so the draw is the same as without
+    scores.
     """
 
     def __init__(self, rows: Any, num_negatives: int, seed: int, mined: NegativePool | None = None) -> None:
@@ -56,13 +64,22 @@ class TokenizedPairs(Dataset):
         pairs = [(key, 0) if isinstance(key, int) else (int(key[0]), int(key[1])) for key in keys]
         fetched = self.rows[[row for row, _ in pairs]]
         own = fetched["negatives"]
+        pos_scores, neg_scores = fetched.get("pos_scores"), fetched.get("neg_scores")
         mined = self._mined_negatives(pairs) if self.mined is not None and self.num_negatives else None
         items = []
         for i, (query, positives, (row, epoch)) in enumerate(zip(fetched["query"], fetched["positives"], pairs,
                                                                  strict=True)):
-            pool = own[i] if mined is None or mined[i] is None else mined[i]
+            is_own = mined is None or mined[i] is None
+            pool = own[i] if is_own else mined[i]
             rng = random.Random((self.seed * 1_000_003 + row) * 7_919 + epoch)
-            items.append(DrawnRow(query, rng.choice(positives), self._negatives(pool, row, rng), row))
+            positive = rng.choice(range(len(positives)))  # the same draw as rng.choice(positives)
+            negatives, picked = self._negatives(pool, row, rng)
+            teacher = None
+            if pos_scores is not None and pos_scores[i] is not None:
+                scores = neg_scores[i] if is_own else []  # re-mined negatives have no teacher score
+                teacher = [pos_scores[i][positive]] + [math.nan if j is None or not scores else scores[j]
+                                                       for j in picked]
+            items.append(DrawnRow(query, positives[positive], negatives, row, teacher))
         return items
 
     def _mined_negatives(self, pairs: list[tuple[int, int]]) -> list[list[list[int]] | None]:
@@ -80,15 +97,20 @@ class TokenizedPairs(Dataset):
         positives = dict(zip(wanted, self.rows[wanted]["positives"], strict=True))  # one read for the whole batch
         return [None if refs is None else [positives[r][j] for r, j in refs] for refs in references]
 
-    def _negatives(self, pool: list[list[int]], index: int, rng: random.Random) -> list[list[int]]:
+    def _negatives(self, pool: list[list[int]], index: int,
+                   rng: random.Random) -> tuple[list[list[int]], list[int | None]]:
+        """The negatives drawn and their indices in ``pool`` (None: a missing hard negative filled with another
+        row's positive). Indices are drawn rather than texts: the same draws, and the teacher score of each."""
         if len(pool) >= self.num_negatives:
-            return rng.sample(pool, self.num_negatives)
-        negatives = list(pool)
+            picked: list[int | None] = list(rng.sample(range(len(pool)), self.num_negatives))
+            return [pool[j] for j in picked], picked  # type: ignore[index]
+        negatives, picked = list(pool), list(range(len(pool)))
         while len(negatives) < self.num_negatives:  # too few hard negatives: other rows' positives
             other = rng.randrange(len(self.rows))
             if other != index:
                 negatives.append(rng.choice(self.rows[other]["positives"]))
-        return negatives
+                picked.append(None)
+        return negatives, picked
 
 
 class ExampleView(Sequence[Example]):

@@ -9,6 +9,7 @@ from typing import Any
 from gte_pro.data.base import ContrastiveDataModule
 from gte_pro.data.cache import file_signature
 from gte_pro.data.records import CleaningReport, Example, clean_required, parse_record
+from gte_pro.data.scores import SCORE_FIELDS, ScoredFile
 from gte_pro.errors import DataError
 
 ROLES = ("query", "positive", "negatives")
@@ -47,6 +48,10 @@ class HFDataModule(ContrastiveDataModule):
         source = file_signature(local) if local.exists() else {"hub": self.path, "name": self.name}
         return {"source": source, "splits": [self.train_split, self.val_split], "columns": self.columns}
 
+    def has_teacher_scores(self) -> bool:
+        """Whether the training split has FlagEmbedding's pos_scores column (loads it: datasets keeps it cached)."""
+        return "pos_scores" in self._table(self.train_split).column_names
+
     def _load(self, split: str) -> Any:
         import datasets
 
@@ -77,13 +82,18 @@ class HFDataModule(ContrastiveDataModule):
                 raise DataError(f"{where}: no column '{self.columns[role]}' for the {role} (data.columns.{role}); "
                                 f"columns are: {', '.join(table.column_names)}")
         has_negatives = self.columns["negatives"] in table.column_names
+        score_columns = [name for name in SCORE_FIELDS if name in table.column_names]
+        scored = ScoredFile()
         for index, row in enumerate(table):
             record = {"query": row[self.columns["query"]], "positive": row[self.columns["positive"]]}
             if has_negatives:
                 # Arrow stores a missing list as null: no hard negatives for this row
                 record["negatives"] = row[self.columns["negatives"]] or []
+            record |= {name: row[name] for name in score_columns}  # teacher scores: FlagEmbedding's column names
             # errors name the dataset's own columns (data.columns), not our role names
-            yield parse_record(record, f"{where}, row {index}", self.columns)
+            example = parse_record(record, f"{where}, row {index}", self.columns)
+            scored.check(example.pos_scores is not None, f"{where}, row {index}")
+            yield example
 
     def _load_split(self, split: str) -> Iterator[Example]:
         return self._clean(self._records(split), f"{self.path}[{split}]")

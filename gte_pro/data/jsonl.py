@@ -8,7 +8,8 @@ from typing import Any
 
 from gte_pro.data.base import ContrastiveDataModule
 from gte_pro.data.cache import file_signature
-from gte_pro.data.records import CleaningReport, Example, clean_required, iter_pairs_jsonl
+from gte_pro.data.records import CleaningReport, Example, clean_required, iter_jsonl, iter_pairs_jsonl
+from gte_pro.data.scores import SCORE_FIELDS
 from gte_pro.errors import CHECK_PATH, DataError
 
 
@@ -33,6 +34,11 @@ class JsonlDataModule(ContrastiveDataModule):
             if not Path(path).is_file():
                 raise DataError(f"{path}: file not found", hint=CHECK_PATH)
         return file_signature(*filter(None, (self.train_file, self.val_file)))
+
+    def has_teacher_scores(self) -> bool:
+        """Whether the training file carries teacher scores: its first row decides (every row must agree)."""
+        first = next(iter_jsonl(self.train_file), (0, None))[1]
+        return isinstance(first, dict) and any(name in first for name in SCORE_FIELDS)
 
     def load_rows(self) -> tuple[Iterable[Example], Iterable[Example] | None, list[str]]:
         train = self._clean(iter_pairs_jsonl(self.train_file), self.train_file)

@@ -239,7 +239,9 @@ class MixDataModule(ContrastiveDataModule):
         sampler = MixSampler(list(self.source_rows.values()), list(self.probabilities.values()), self.batch_size,
                              world_size, rank, self.seed, self.same_source_batches, lengths, self.length_window)
         loader = ResumableLoader(pairs, sampler, batch_size=self.batch_size, drop_last=True,
-                                 collate_fn=TokenCollator(self._require_tokenizer()), num_workers=self.num_workers,
+                                 collate_fn=TokenCollator(self._require_tokenizer(),
+                                                          any(s.token_cache.scored for s in sources)),
+                                 num_workers=self.num_workers,
                                  pin_memory=self.pin_memory, persistent_workers=self.persistent_workers)
         if self._resume_position is not None:
             loader.load_state_dict(self._resume_position)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gte_pro.data.scores import ScoredFile, parse_scores
 from gte_pro.errors import CHECK_PATH, DataError
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,9 @@ class Example:
     query: str
     positives: list[str]
     negatives: list[str] = field(default_factory=list)
+    # teacher scores (FlagEmbedding's pos_scores / neg_scores): one per positive / negative, in order; None: none
+    pos_scores: list[float] | None = None
+    neg_scores: list[float] | None = None
 
 
 @dataclass
@@ -85,11 +89,18 @@ def _clean_counted(text: str, report: CleaningReport) -> str:
     return cleaned
 
 
-def _long_enough(texts: list[str], min_chars: int, report: CleaningReport, what: str) -> list[str]:
-    kept = [t for t in texts if len(t) >= min_chars]
+def _kept(keep: list[bool], texts: list[str], scores: list[float] | None) -> tuple[list[str], list[float] | None]:
+    """The texts (and their teacher scores, which travel with them) where ``keep`` is true."""
+    kept = [t for t, k in zip(texts, keep, strict=True) if k]
+    return kept, None if scores is None else [s for s, k in zip(scores, keep, strict=True) if k]
+
+
+def _long_enough(texts: list[str], scores: list[float] | None, min_chars: int, report: CleaningReport,
+                 what: str) -> tuple[list[str], list[float] | None]:
+    kept, scores = _kept([len(t) >= min_chars for t in texts], texts, scores)
     if len(kept) < len(texts):
         report.cleaned[f"{what} shorter than {min_chars} chars removed"] += len(texts) - len(kept)
-    return kept
+    return kept, scores
 
 
 def iter_clean_examples(examples: Iterable[Example], report: CleaningReport, min_query_chars: int = 3,
@@ -97,7 +108,8 @@ def iter_clean_examples(examples: Iterable[Example], report: CleaningReport, min
     """Clean texts, drop rows that cannot train anything (counting each reason in ``report``), one row at a time.
 
     Duplicates are found by an 8-byte digest of (query, first positive), not the texts: the memory this takes is
-    ~100 bytes per row, whatever the texts' length.
+    ~100 bytes per row, whatever the texts' length. A text that cleaning removes (too short, a negative equal to a
+    positive) takes its teacher score with it; the scores of the texts kept stay paired with them, in order.
     """
     seen: set[int] = set()
     for example in examples:
@@ -110,19 +122,19 @@ def iter_clean_examples(examples: Iterable[Example], report: CleaningReport, min
         if not any(len(p) >= min_doc_chars for p in positives):
             report.dropped[f"no positive of {min_doc_chars}+ chars"] += 1
             continue
-        positives = _long_enough(positives, min_doc_chars, report, "positive")
+        positives, pos_scores = _long_enough(positives, example.pos_scores, min_doc_chars, report, "positive")
         key = int.from_bytes(hashlib.blake2b(f"{query}\0{positives[0]}".encode(), digest_size=8).digest(), "big")
         if key in seen:
             report.dropped["duplicate (query, positive)"] += 1
             continue
         seen.add(key)
-        negatives = _long_enough([_clean_counted(n, report) for n in example.negatives], min_doc_chars, report,
-                                 "negative")
-        distinct = [n for n in negatives if n not in positives]
+        negatives, neg_scores = _long_enough([_clean_counted(n, report) for n in example.negatives],
+                                             example.neg_scores, min_doc_chars, report, "negative")
+        distinct, neg_scores = _kept([n not in positives for n in negatives], negatives, neg_scores)
         if len(distinct) < len(negatives):
             report.cleaned["negative equal to a positive removed"] += len(negatives) - len(distinct)
         report.kept += 1
-        yield Example(query, positives, distinct)
+        yield Example(query, positives, distinct, pos_scores, neg_scores)
 
 
 def clean_examples(
@@ -162,7 +174,8 @@ def _one_of(record: Mapping[str, Any], keys: tuple[str, ...], where: str, label:
 
 
 def parse_record(record: Any, where: str, labels: Mapping[str, str] | None = None) -> Example:
-    """One JSON object in our layout {query, positive, negatives} or FlagEmbedding's {query, pos, neg}.
+    """One JSON object in our layout {query, positive, negatives} or FlagEmbedding's {query, pos, neg}, with
+    optional teacher scores {pos_scores, neg_scores} (``gte_pro.data.scores``).
 
     ``labels`` names the fields in errors as the user knows them (a dataset's column names)."""
     def label(key: str) -> str:
@@ -183,7 +196,9 @@ def parse_record(record: Any, where: str, labels: Mapping[str, str] | None = Non
         raise DataError(f"{where}: field '{label(positive_key)}' is empty")
     negative_key = _one_of(record, ("negatives", "neg", "negative"), where, label)
     negatives = _as_text_list(record[negative_key], where, label(negative_key)) if negative_key else []
-    return Example(record["query"], positives, negatives)
+    pos_scores, neg_scores = parse_scores(record, positives, negatives, where,
+                                          (label(positive_key), label(negative_key or "neg")), label)
+    return Example(record["query"], positives, negatives, pos_scores, neg_scores)
 
 
 def iter_text_lines(path: str | Path) -> Iterator[tuple[int, str]]:
@@ -244,8 +259,11 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
 
 def iter_pairs_jsonl(path: str | Path) -> Iterator[Example]:
     """The records of a JSON-lines training file, validated, one at a time (the file is never held in memory)."""
+    scored = ScoredFile()
     for line_no, obj in iter_jsonl(path):
-        yield parse_record(obj, f"{path}, line {line_no}")
+        example = parse_record(obj, f"{path}, line {line_no}")
+        scored.check(example.pos_scores is not None, f"{path}, line {line_no}")
+        yield example
 
 
 def clean_required(rows: Iterable[Example], report: CleaningReport, what: str, min_query_chars: int = 3,

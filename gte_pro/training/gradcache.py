@@ -224,18 +224,21 @@ def cached_loss(
     num_negatives: int,
     mini_batch_size: int,
     params: Iterable[torch.Tensor] | None = None,
+    teacher_scores: torch.Tensor | None = None,
 ) -> LossOutput:
     """The contrastive loss of the whole batch, in the activation memory of ``mini_batch_size`` texts.
 
     ``doc_features`` holds the B positives, then the k hard negatives of each query in order (the collator's
     layout). The loss runs in fp32 with autocast off; ``loss.backward()`` fills the encoder's ``.grad`` with the
-    gradients of the whole batch's loss, however the caller scales or accumulates it.
+    gradients of the whole batch's loss, however the caller scales or accumulates it. ``teacher_scores`` (the batch's,
+    for the distillation losses) is passed on to ``loss_fn`` when given.
     """
     reps = embed_cached(encoder, [query_features, doc_features], mini_batch_size, params)
     batch_size = query_features["input_ids"].shape[0]
     with _loss_precision(reps.device):
         positives, negatives = split_documents(reps[batch_size:], batch_size, num_negatives)
-        return loss_fn(reps[:batch_size], positives, negatives)
+        extra = {} if teacher_scores is None else {"teacher_scores": teacher_scores}
+        return loss_fn(reps[:batch_size], positives, negatives, **extra)
 
 
 def cached_step(

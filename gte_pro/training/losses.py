@@ -76,11 +76,15 @@ class GlobalBatch:
     queries_all: torch.Tensor | None  # (B_global, dim)
     offset: int  # this rank's first row in the global batch
     num_negatives: int  # k: hard negatives per query
+    negatives: torch.Tensor | None = None  # (B_local, k, dim): this rank's own hard negatives
+    teacher: torch.Tensor | None = None  # (B_local, 1 + k) teacher scores of [positive, negatives] (distillation)
 
     def truncated(self, dim: int) -> GlobalBatch:
+        def cut(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x[..., :dim]
+
         return GlobalBatch(self.query[..., :dim], self.positive[..., :dim], self.candidates[..., :dim],
-                           None if self.queries_all is None else self.queries_all[..., :dim], self.offset,
-                           self.num_negatives)
+                           cut(self.queries_all), self.offset, self.num_negatives, cut(self.negatives), self.teacher)
 
 
 class _GatherRows(torch.autograd.Function):
@@ -162,9 +166,11 @@ class ContrastiveLoss(nn.Module, abc.ABC):
         self.similarity = similarity
         self.matryoshka_dims, self.matryoshka_weights = _matryoshka(matryoshka_dims, matryoshka_weights)
 
-    def forward(self, query: torch.Tensor, positive: torch.Tensor,
-                negatives: torch.Tensor | None = None) -> LossOutput:
+    def forward(self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None = None,
+                teacher_scores: torch.Tensor | None = None) -> LossOutput:
+        """``teacher_scores`` (B_local, 1 + k): the batch's teacher scores, read by the distillation losses only."""
         batch = self._gathered(query, positive, negatives)
+        batch.negatives, batch.teacher = negatives if batch.num_negatives else None, teacher_scores
         if not self.matryoshka_dims:
             return self._loss(batch)
         full = query.shape[-1]

@@ -183,13 +183,15 @@ class ContrastiveModule(LightningModule):
 
     def _contrastive_loss(self, batch: dict[str, Any]) -> LossOutput:
         queries, docs, k = batch["query"], batch["doc"], batch["num_negatives"]
+        # teacher scores (B, 1 + k) when the data has them: the distillation losses read them, the others ignore them
+        extra = {"teacher_scores": batch["teacher_scores"]} if "teacher_scores" in batch else {}
         if self.mini_batch_size:
             # GradCache (gte_pro.training.gradcache): the same loss and gradients as below, in the activation memory of
             # mini_batch_size texts; its backward re-embeds the batch chunk by chunk
-            return cached_loss(self.encoder, self.loss, queries, docs, k, self.mini_batch_size)
+            return cached_loss(self.encoder, self.loss, queries, docs, k, self.mini_batch_size, **extra)
         query = self.encoder(**queries)
         positives, negatives = split_documents(self.encoder(**docs), query.shape[0], k)
-        return self.loss(query, positives, negatives)
+        return self.loss(query, positives, negatives, **extra)
 
     def _log_train_metrics(self, out: LossOutput, batch_size: int) -> None:
         scores = out.scores.float()

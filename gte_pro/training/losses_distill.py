@@ -1,0 +1,136 @@
+"""Distillation from teacher scores: each query's student scores over its own candidates [positive, k negatives]
+are fitted to the teacher's scores of the same texts (the data's ``pos_scores``/``neg_scores``, carried on the batch
+as ``teacher_scores``, see ``gte_pro.data.scores``), optionally plus ``weight_infonce`` times InfoNCE's in-batch term.
+
+The distillation term is per query over its own candidates: nothing is gathered for it. The InfoNCE term is
+:class:`~gte_pro.training.losses.InfoNCELoss`'s (gathered across devices as configured), and its scores are what the
+training metrics (acc, sim_pos, sim_neg) are computed from, with or without its weight. Matryoshka applies to both
+terms at each width. GradCache needs nothing more: the loss sees the whole batch's embeddings either way.
+
+Slots without a teacher score (NaN: a missing hard negative filled with another row's positive, a re-mined
+negative, a row of an unscored source in data=mix) are left out: of both softmaxes for ``distill_kl``, of the mean
+for ``margin_mse``; a query with no scored candidate other than the positive adds nothing to the mean. Under DDP
+each rank averages over its own queries and DDP averages the ranks' gradients: with equal batches and every slot
+scored that is the mean over the global batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from gte_pro.errors import ConfigError
+from gte_pro.training.losses import GlobalBatch, InfoNCELoss, LossOutput, _at_least_fp32
+
+
+class _DistillationLoss(InfoNCELoss):
+    """The shared part: the student's own-candidate scores, the teacher's, and the weighted InfoNCE term."""
+
+    name = ""
+
+    def __init__(self, temperature: float = 0.05, weight_infonce: float = 0.0, gather_across_devices: bool = True,
+                 mini_batch_size: int | None = None, max_skipped_steps: int = 10, similarity: str = "cosine",
+                 matryoshka_dims: Sequence[int] | None = None,
+                 matryoshka_weights: Sequence[float] | None = None) -> None:
+        super().__init__(temperature, gather_across_devices, mini_batch_size, max_skipped_steps, similarity,
+                         matryoshka_dims, matryoshka_weights)
+        if not weight_infonce >= 0:
+            raise ConfigError(f"loss.weight_infonce must be >= 0, got {weight_infonce}")
+        self.weight_infonce = float(weight_infonce)
+
+    def _loss(self, batch: GlobalBatch) -> LossOutput:
+        infonce = super()._loss(batch)
+        student, teacher = self.own_scores(batch)
+        loss = self.distill(student, teacher)
+        if self.weight_infonce:
+            loss = loss + self.weight_infonce * infonce.loss
+        return LossOutput(loss, infonce.scores, infonce.labels)
+
+    def own_scores(self, batch: GlobalBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(student, teacher), each (B_local, 1 + k): each query's scores of its positive, then its k negatives."""
+        if batch.teacher is None:
+            raise ConfigError(f"loss={self.name} needs teacher scores: give the training rows pos_scores and "
+                             "neg_scores (FlagEmbedding's layout, see docs/losses.md)")
+        if batch.negatives is None:
+            raise ConfigError(f"loss={self.name} needs hard negatives: set data.num_negatives >= 1")
+        query, positive, negatives = self._scored(batch.query, batch.positive, batch.negatives)
+        student = torch.cat([(query * positive).sum(-1, keepdim=True),
+                             torch.einsum("bd,bkd->bk", query, negatives)], dim=1)
+        teacher = batch.teacher.to(device=student.device)
+        if teacher.shape != student.shape:
+            raise ValueError(f"teacher_scores has shape {tuple(teacher.shape)}, expected {tuple(student.shape)} "
+                             "(batch size, 1 + num_negatives)")
+        return _at_least_fp32(student), _at_least_fp32(teacher.detach())
+
+    def distill(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class DistillKLLoss(_DistillationLoss):
+    """Soft-label cross-entropy from the teacher's distribution over each query's candidates (FlagEmbedding's
+    ``kd_loss_type="kl_div"``, ``AbsEmbedderModel.distill_loss``; as in RocketQAv2 / bge-m3 knowledge distillation):
+
+        p_t = softmax(t / teacher_temperature),  log p_s = log_softmax(s / temperature)
+        L = - mean_q  sum_j  p_t[q, j] * log p_s[q, j]  (+ weight_infonce * InfoNCE)
+
+    over j in [positive, k negatives] of query q, with s the student's similarity and t the teacher's scores.
+    FlagEmbedding computes exactly this cross-entropy (not ``F.kl_div``): it is KL(p_t || p_s) plus the teacher's
+    entropy, a constant of the data, so the gradients are those of the KL. FlagEmbedding softmaxes the raw teacher
+    scores (``teacher_temperature`` 1) and adds its in-batch cross-entropy with weight 1: conf/loss/distill_kl.yaml's
+    defaults (temperature 0.02, FlagEmbedding's default too).
+    """
+
+    name = "distill_kl"
+
+    def __init__(self, temperature: float = 0.02, teacher_temperature: float = 1.0, weight_infonce: float = 1.0,
+                 gather_across_devices: bool = True, mini_batch_size: int | None = None, max_skipped_steps: int = 10,
+                 similarity: str = "cosine", matryoshka_dims: Sequence[int] | None = None,
+                 matryoshka_weights: Sequence[float] | None = None) -> None:
+        super().__init__(temperature, weight_infonce, gather_across_devices, mini_batch_size, max_skipped_steps,
+                         similarity, matryoshka_dims, matryoshka_weights)
+        if not teacher_temperature > 0:
+            raise ConfigError(f"loss.teacher_temperature must be > 0, got {teacher_temperature}")
+        self.teacher_temperature = float(teacher_temperature)
+
+    def distill(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+        scored = torch.isfinite(teacher)
+        has_teacher = scored.any(dim=1)
+        # a query with no teacher score at all keeps every slot (finite numbers, weighted 0 below): an all -inf row
+        # would make NaN gradients even where its weight is 0
+        kept = scored | ~has_teacher[:, None]
+        log_student = F.log_softmax((student / self.temperature).masked_fill(~kept, float("-inf")), dim=1)
+        targets = F.softmax(torch.where(scored, teacher / self.teacher_temperature, 0.0)
+                            .masked_fill(~kept, float("-inf")), dim=1)
+        per_query = -(targets * log_student.masked_fill(~kept, 0.0)).sum(dim=1)
+        weights = has_teacher.to(per_query.dtype)
+        return (per_query * weights).sum() / weights.sum().clamp(min=1)
+
+
+class MarginMSELoss(_DistillationLoss):
+    """Margin MSE (Hofstätter et al., 2020, "Improving Efficient Neural Ranking Models with Cross-Architecture
+    Knowledge Distillation"; sentence-transformers' ``MarginMSELoss``):
+
+        L = mean_{q, j} ( (s(q, pos) - s(q, neg_j)) - (t(q, pos) - t(q, neg_j)) )^2  (+ weight_infonce * InfoNCE)
+
+    over each query's k negatives, with s the student's similarity (no temperature: the margins are fitted as they
+    are; ``loss.temperature`` only scales the InfoNCE term) and t the teacher's scores. sentence-transformers scores
+    with the dot product by default: conf/loss/margin_mse.yaml sets ``similarity: dot`` (the same as cosine for a
+    normalising encoder), ``weight_infonce: 0`` (MarginMSE alone).
+    """
+
+    name = "margin_mse"
+
+    def __init__(self, temperature: float = 0.05, weight_infonce: float = 0.0, gather_across_devices: bool = True,
+                 mini_batch_size: int | None = None, max_skipped_steps: int = 10, similarity: str = "dot",
+                 matryoshka_dims: Sequence[int] | None = None,
+                 matryoshka_weights: Sequence[float] | None = None) -> None:
+        super().__init__(temperature, weight_infonce, gather_across_devices, mini_batch_size, max_skipped_steps,
+                         similarity, matryoshka_dims, matryoshka_weights)
+
+    def distill(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+        teacher_margin = teacher[:, :1] - teacher[:, 1:]
+        scored = torch.isfinite(teacher_margin)
+        error = torch.where(scored, student[:, :1] - student[:, 1:] - teacher_margin.nan_to_num(0.0), 0.0)
+        return error.pow(2).sum() / scored.sum().clamp(min=1)
