@@ -88,4 +88,4 @@ def test_a_failing_job_is_recorded_and_the_others_are_kept(tmp_path: Path, cache
     assert rows["1"]["status"] == "ok" and float(rows["1"]["val/ndcg@10"]) > 0
     assert rows["0"]["status"] == "failed" and rows["0"]["error"].startswith("ValueError: Invalid learning rate")
     failed_line = next(line for line in (sweep / "summary.md").read_text().splitlines() if line.startswith("| 0 |"))
-    assert "| failed | ValueError: Invalid learning rate: -1 |" in failed_line
+    assert "| failed | ValueError: Invalid learning rate: -1.0 |" in failed_line  # model.lr is a float (schema)
