@@ -1,0 +1,76 @@
+"""Two gloo ranks against one process, for the exactness tests of the losses under DDP (tests/test_distributed.py,
+tests/test_distill_ddp.py).
+
+``two_ranks_and_one(tmp_path, step, batch)`` runs ``step(encoder, rows)`` (the whole training step, returning the
+loss) inside DistributedDataParallel on 2 processes, each on its half of the rows, and once on all rows in this
+process (or ``single`` there); it returns the ranks' mean loss and rank 0's (DDP-averaged) gradients, and the
+single process's loss and gradients. ``step`` must pickle (a module-level function, or a ``functools.partial``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from gte_pro import packaged_minilm_path
+from tests.conftest import free_port
+
+TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+Step = Callable[[Any, slice], torch.Tensor]
+
+
+def tiny_encoder() -> Any:
+    from gte_pro.models.encoder import Encoder
+
+    torch.manual_seed(0)  # identical initial weights in every process
+    return Encoder(packaged_minilm_path(), random_init_config=TINY, max_length=32).double()
+
+
+class _Step(torch.nn.Module):
+    """The whole training step as one forward, as Lightning runs it inside DDP (one DDP forward per backward)."""
+
+    def __init__(self, encoder: Any, step: Step) -> None:
+        super().__init__()
+        self.encoder, self.step = encoder, step
+
+    def forward(self, rows: slice) -> torch.Tensor:
+        return self.step(self.encoder, rows)
+
+
+def _rank_main(rank: int, world: int, port: int, step: Step, batch: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        encoder = tiny_encoder()
+        ddp = torch.nn.parallel.DistributedDataParallel(_Step(encoder, step))
+        share = batch // world
+        loss = ddp(slice(rank * share, (rank + 1) * share))
+        loss.backward()  # DDP averages the parameter gradients over the ranks
+        mean_loss = loss.detach().clone()
+        dist.all_reduce(mean_loss)
+        if rank == 0:
+            grads = {n: p.grad.clone() for n, p in encoder.named_parameters() if p.grad is not None}
+            torch.save({"loss": mean_loss / world, "grads": grads}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def two_ranks_and_one(tmp_path: Path, step: Step, batch: int,
+                      single: Step | None = None) -> tuple[dict[str, Any], float, dict[str, Any]]:
+    """(the 2 ranks' {"loss", "grads"}, the single process's loss, its gradients by parameter name); ``single``: the
+    step the single process runs, if not ``step`` itself (e.g. without GradCache)."""
+    out = tmp_path / "ddp.pt"
+    mp.spawn(_rank_main, args=(2, free_port(), step, batch, str(out)), nprocs=2, join=True)
+    encoder = tiny_encoder()
+    loss = (single or step)(encoder, slice(0, batch))
+    loss.backward()
+    grads = {n: p.grad for n, p in encoder.named_parameters() if p.grad is not None}
+    return torch.load(out), loss.item(), grads
