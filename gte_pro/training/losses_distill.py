@@ -16,6 +16,7 @@ scored that is the mean over the global batch.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Sequence
 
 import torch
@@ -64,8 +65,9 @@ class _DistillationLoss(InfoNCELoss):
                              "(batch size, 1 + num_negatives)")
         return _at_least_fp32(student), _at_least_fp32(teacher.detach())
 
+    @abc.abstractmethod
     def distill(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """The distillation term from (B_local, 1 + k) student and teacher scores; NaN teacher slots left out."""
 
 
 class DistillKLLoss(_DistillationLoss):
