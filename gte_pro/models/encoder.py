@@ -17,34 +17,22 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoModel, AutoTokenizer, BertConfig, PreTrainedTokenizerBase
+from transformers import AutoModel, BertConfig, PreTrainedTokenizerBase
 
-from gte_pro.errors import ConfigError, MissingModelError
+from gte_pro.errors import ConfigError
 from gte_pro.models.heads import build_projection, load_dense_head
-from gte_pro.models.length_chunks import chunk_plan, chunks_for, parse_length_chunks
+from gte_pro.models.length_chunks import chunks_for, parse_length_chunks, pass_plan, run_in_chunks
+from gte_pro.models.loading import (
+    avoid_cudnn_attention,
+    check_trust_remote_code,
+    enable_gradient_checkpointing,
+    load_tokenizer,
+    load_weights,
+)
 from gte_pro.models.lora import with_lora
 from gte_pro.models.pooling import POOLING_MODES, detect_pooling, pool
 
 log = logging.getLogger(__name__)
-
-def _refuse_remote_code(error: Exception, name_or_path: str, trust_remote_code: bool) -> None:
-    """transformers' refusal to run a repository's code, in terms of our config key."""
-    if "trust_remote_code" in str(error) and not trust_remote_code:
-        raise ConfigError(f"{name_or_path}: this model's code lives in its hub repository and would run on this "
-                         "machine; set model.trust_remote_code=true to allow it") from error
-
-
-def avoid_cudnn_attention() -> None:
-    """Take cuDNN out of PyTorch's SDPA backends (process-wide; flash, memory-efficient and math remain).
-
-    With a padding mask, torch 2.11 on Hopper sends ``scaled_dot_product_attention`` to cuDNN first, and cuDNN
-    builds an execution plan for every (rows, length) shape it has not seen (0.4-0.5 s each, forward and
-    backward). Dynamic padding and length chunks make nearly every pass a new shape: on an H200 a MiniLM step
-    took ~1 s (28 samples/s at batch 32) where the compute is milliseconds. The memory-efficient kernel takes the
-    same mask with no per-shape planning."""
-    disable = getattr(torch.backends.cuda, "enable_cudnn_sdp", None)  # torch >= 2.4
-    if disable is not None:
-        disable(False)
 
 
 class Encoder(nn.Module):
@@ -68,40 +56,16 @@ class Encoder(nn.Module):
         length_chunks: int | str = 1,
     ) -> None:
         super().__init__()
-        if not isinstance(trust_remote_code, bool):
-            # a string "false" is true: only a real boolean may decide whether hub code runs on this machine
-            raise ConfigError(f"model.trust_remote_code={trust_remote_code!r} is not valid; valid choices: true, false")
+        check_trust_remote_code(trust_remote_code)
         self.name_or_path = str(name_or_path)
-        try:
-            self.tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
-                self.name_or_path, trust_remote_code=trust_remote_code
-            )
-        except ValueError as err:
-            _refuse_remote_code(err, self.name_or_path, trust_remote_code)
-            raise
-        except OSError as err:  # no such folder, or a hub name that is not in the cache while offline
-            looks_local = self.name_or_path.startswith((".", "/", "~")) or self.name_or_path.count("/") > 1
-            why = "no such folder" if looks_local else str(err).splitlines()[0]
-            raise MissingModelError(f"model.name_or_path={self.name_or_path}: {why}") from err
+        self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(self.name_or_path, trust_remote_code)
         if random_init_config is not None:
             # a small randomly initialised BERT that shares the named tokenizer (used by tests / debug)
             config = BertConfig(vocab_size=len(self.tokenizer), **dict(random_init_config))
             self.backbone = AutoModel.from_config(config, attn_implementation=attn_implementation)
             detected_pooling, detected_normalize = None, None
         else:
-            kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
-            if attn_implementation:
-                kwargs["attn_implementation"] = attn_implementation
-            try:
-                self.backbone = AutoModel.from_pretrained(self.name_or_path, **kwargs)
-            except (ValueError, ImportError) as err:
-                _refuse_remote_code(err, self.name_or_path, trust_remote_code)
-                if "attn_implementation" not in kwargs or "attn" not in str(err).lower():
-                    raise
-                log.warning("%s does not support attn_implementation=%s; using the default", name_or_path,
-                            attn_implementation)
-                kwargs.pop("attn_implementation")
-                self.backbone = AutoModel.from_pretrained(self.name_or_path, **kwargs)
+            self.backbone = load_weights(AutoModel, self.name_or_path, trust_remote_code, attn_implementation)
             detected_pooling, detected_normalize = detect_pooling(self.name_or_path)
         # from_pretrained returns the model in eval mode; train with dropout like the peers do
         self.backbone.train()
@@ -138,13 +102,7 @@ class Encoder(nn.Module):
         self.query_prefix = query_prefix
         self.doc_prefix = doc_prefix
         if gradient_checkpointing:
-            # recompute each layer's activations in backward: less memory for a large batch, ~30% more compute;
-            # non-reentrant checkpointing restores the RNG, so dropout masks match the forward pass
-            enable = getattr(self.backbone, "activation_checkpointing_enable", None)  # transformers >= 5.x name
-            if enable is not None:
-                enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                self.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_gradient_checkpointing(self.backbone)
         if compile:
             # in place (nn.Module.compile): parameter names, checkpoints and exports stay as without it;
             # dynamic shapes, because dynamic padding gives every batch its own length
@@ -168,14 +126,7 @@ class Encoder(nn.Module):
         plan = self._chunk_plan(attention_mask)
         if plan is None:
             return self._embed(input_ids, attention_mask, **extra)
-        parts = []
-        for rows, length in plan:  # each chunk cut to its own longest text (right padding: the tail is padding)
-            index = torch.as_tensor(rows, device=input_ids.device)
-            parts.append(self._embed(*(t[index, :length] for t in (input_ids, attention_mask)),
-                                     **{k: v[index, :length] for k, v in extra.items()}))
-        # back to the batch's order: concatenated chunk rows -> their original positions
-        restore = torch.as_tensor(np.argsort(np.concatenate([rows for rows, _ in plan])), device=input_ids.device)
-        return torch.cat(parts)[restore]
+        return run_in_chunks(self._embed, plan, input_ids, attention_mask, **extra)
 
     def chunks_on(self, device: torch.device) -> int:
         """The most length chunks a pass on ``device`` runs in (``model.length_chunks``)."""
@@ -183,12 +134,7 @@ class Encoder(nn.Module):
 
     def _chunk_plan(self, attention_mask: torch.Tensor) -> list[tuple[np.ndarray, int]] | None:
         """The length chunks of this pass (``model.length_chunks``), or None for one pass over the padded batch."""
-        chunks = self.chunks_on(attention_mask.device)
-        if chunks <= 1 or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
-            return None
-        lengths = attention_mask.sum(dim=1).tolist()
-        plan = chunk_plan(lengths, chunks)
-        return None if len(plan) == 1 and plan[0][1] == attention_mask.shape[1] else plan
+        return pass_plan(attention_mask, self.chunks_on(attention_mask.device))
 
     def _embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **extra: torch.Tensor) -> torch.Tensor:
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, **extra)

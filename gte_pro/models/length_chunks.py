@@ -9,10 +9,11 @@ the batch, its in-batch negatives and the loss, are the same as without it; only
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from gte_pro.errors import ConfigError
 
@@ -83,3 +84,26 @@ def padded_positions(lengths: Sequence[int] | np.ndarray, max_chunks: int, width
     if max_chunks <= 1:
         return len(lengths) * int(width if width is not None else lengths.max(initial=0))
     return sum(len(rows) * length for rows, length in chunk_plan(lengths, max_chunks))
+
+
+def pass_plan(attention_mask: torch.Tensor, max_chunks: int) -> list[tuple[np.ndarray, int]] | None:
+    """The chunks of one forward pass over a right-padded batch, or None for one pass over the padded batch (one
+    chunk, or a traced / exported graph, which must not depend on the lengths)."""
+    if max_chunks <= 1 or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        return None
+    plan = chunk_plan(attention_mask.sum(dim=1).tolist(), max_chunks)
+    return None if len(plan) == 1 and plan[0][1] == attention_mask.shape[1] else plan
+
+
+def run_in_chunks(forward: Callable[..., torch.Tensor], plan: list[tuple[np.ndarray, int]], input_ids: torch.Tensor,
+                  attention_mask: torch.Tensor, **extra: torch.Tensor) -> torch.Tensor:
+    """``forward`` over each chunk of ``plan``, cut to its own longest text (right padding: the tail is padding),
+    with the outputs put back in the batch's row order."""
+    parts = []
+    for rows, length in plan:
+        index = torch.as_tensor(rows, device=input_ids.device)
+        parts.append(forward(*(t[index, :length] for t in (input_ids, attention_mask)),
+                             **{k: v[index, :length] for k, v in extra.items()}))
+    # concatenated chunk rows -> their original positions
+    restore = torch.as_tensor(np.argsort(np.concatenate([rows for rows, _ in plan])), device=input_ids.device)
+    return torch.cat(parts)[restore]
