@@ -269,7 +269,7 @@ def test_eval_quantization_takes_the_known_precisions(make_cfg):
         check_config(make_cfg(["eval.quantization=[int4]"]))
 
 
-# --- schemas (gte_pro/config/schema.py) -------------------------------------------------------------------------
+# --- schemas (gte_pro/config/schema/) -------------------------------------------------------------------------
 @pytest.mark.parametrize(("override", "key", "type_name"), [
     ("data.batch_size=abc", "data.batch_size", "Integer"),
     ("model.lr=fast", "model.lr", "Float"),

@@ -1,6 +1,6 @@
 """The composed config, checked before anything is built.
 
-The schemas of gte_pro/config/schema.py give the data, model, loss, eval and mine keys their types, which Hydra
+The schemas of gte_pro/config/schema/ give the data, model, loss, eval and mine keys their types, which Hydra
 enforces while it composes. What a type cannot say is checked here, so that a wrong value does not surface as a
 ``TypeError`` deep inside a data module or Lightning, or not at all (``seed=-1`` silently becomes seed 0,
 ``model.trust_remote_code="false"`` is a true string): ranges, choices, booleans, the keys no schema types, and
@@ -38,7 +38,7 @@ _ABSENT = object()
 REQUIRED_GROUPS = ("model", "data", "loss", "optimizer", "trainer")
 
 
-# What a type cannot say. The model, loss, eval and mine keys are typed by their schemas (gte_pro/config/schema.py:
+# What a type cannot say. The model, loss, eval and mine keys are typed by their schemas (gte_pro/config/schema/:
 # Hydra refuses a wrong type while composing, naming the key), so their rules are ranges and choices. The top level
 # and the trainer have no schema (the trainer passes any Lightning argument through), booleans are checked here on
 # purpose (OmegaConf would read "yes" or 1 as true), and the data.* rules keep their types: they also check each

@@ -26,7 +26,7 @@ def integer(low: int | None = None, optional: bool = False) -> Callable[[Any], s
 
 
 def at_least(low: int) -> Callable[[Any], str | None]:
-    """The range of a key whose type a schema already holds (gte_pro/config/schema.py): null passes where the
+    """The range of a key whose type a schema already holds (gte_pro/config/schema/): null passes where the
     schema allows it, since Hydra refused it where it does not."""
     def check(value: Any) -> str | None:
         return None if value is None or value >= low else f"expected >= {low}"

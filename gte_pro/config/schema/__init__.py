@@ -1,0 +1,42 @@
+"""The types and defaults of the config groups whose keys are ours: data, model, loss, eval, mine.
+
+Each dataclass is a schema in Hydra's ConfigStore (``schema/<group>/<option>``) that the option's YAML file extends
+(``defaults: [/schema/data/jsonl@_here_, _self_]``), so Hydra itself refuses ``data.batch_size=abc`` or
+``loss.temperature=[1]`` while it composes, naming the key, and an option's YAML holds only its target and what it
+changes. ``gte_pro.config.checks`` keeps what a type cannot say: ranges (``batch_size >= 2``), choices with their
+valid values listed, and the rules across keys.
+
+Typed ``Any`` on purpose:
+- booleans: OmegaConf reads ``yes``, ``on`` and ``1`` as true, and a string must never switch
+  ``model.trust_remote_code`` on; the checks accept only a real true/false;
+- keys that take more than one type (``model.length_chunks``: auto or an integer; ``eval.beir``: folders or
+  ``{path, split, name}``; ``data.sources``) and the trainer group, which passes any Lightning argument through;
+- the dicts that default to null (``model.lora``, ``model.projection``, ``model.random_init_config``): OmegaConf 2.3
+  cannot merge ``model.lora='{r: 16}'`` into a typed dict node that holds null (an AttributeError); their keys are
+  checked against what the code takes.
+"""
+
+from hydra.core.config_store import ConfigStore
+
+from gte_pro.config.schema.data import BeirData, DemoData, HfData, JsonlData, MixData
+from gte_pro.config.schema.evaluation import EvalSchema
+from gte_pro.config.schema.loss import DistillKLSchema, GTESchema, InfoNCESchema, MarginMSESchema
+from gte_pro.config.schema.mining import MineSchema
+from gte_pro.config.schema.model import EncoderSchema
+
+SCHEMAS: dict[str, dict[str, type]] = {
+    "data": {"demo": DemoData, "jsonl": JsonlData, "hf": HfData, "beir": BeirData, "mix": MixData},
+    "model": {"encoder": EncoderSchema},
+    "loss": {"infonce": InfoNCESchema, "gte": GTESchema, "distill_kl": DistillKLSchema,
+             "margin_mse": MarginMSESchema},
+    "eval": {"default": EvalSchema},
+    "mine": {"default": MineSchema},
+}
+
+
+def register_schemas() -> None:
+    """Store every schema as ``schema/<group>/<option>`` (idempotent: the store replaces an entry of that name)."""
+    store = ConfigStore.instance()
+    for group, options in SCHEMAS.items():
+        for option, schema in options.items():
+            store.store(group=f"schema/{group}", name=option, node=schema)
