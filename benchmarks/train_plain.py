@@ -43,7 +43,7 @@ def optimization(cfg: Any, model: Any) -> tuple[Any, Any, Any]:
     """(loss, optimizer, scheduler or None) exactly as ContrastiveModule configures them."""
     from hydra.utils import instantiate
 
-    from gte_pro.training.module import build_scheduler, param_groups
+    from gte_pro.training.base_module import build_scheduler, param_groups
 
     optimizer = instantiate(cfg.optimizer)(param_groups(model), lr=cfg.model.lr)
     schedule = cfg.get("scheduler")

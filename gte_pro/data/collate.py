@@ -10,7 +10,7 @@ source without scores in a mixed batch).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -79,10 +79,14 @@ class TokenCollator:
         batch = {"query": query, "doc": doc, "num_negatives": len(rows[0].negatives), "num_tokens": real_tokens,
                  "rows": torch.tensor([r.row for r in rows], dtype=torch.long)}
         if self.teacher_scores or any(r.teacher is not None for r in rows):
-            width = 1 + len(rows[0].negatives)
-            batch["teacher_scores"] = torch.tensor([r.teacher if r.teacher is not None else [float("nan")] * width
-                                                    for r in rows], dtype=torch.float32)
+            batch["teacher_scores"] = self.teacher_tensor(rows)
         return batch
+
+    @staticmethod
+    def teacher_tensor(rows: list[DrawnRow]) -> torch.Tensor:
+        width = 1 + len(rows[0].negatives)
+        return torch.tensor([r.teacher if r.teacher is not None else [float("nan")] * width for r in rows],
+                            dtype=torch.float32)
 
 
 class EvalCollator(TokenCollator):
@@ -91,3 +95,37 @@ class EvalCollator(TokenCollator):
     def __call__(self, items: list[tuple[int, Sequence[int]]]) -> dict[str, Any]:  # type: ignore[override]
         return {"ids": torch.tensor([i for i, _ in items], dtype=torch.long),
                 "features": self.pad([tokens for _, tokens in items])}
+
+
+class GroupCollator(TokenCollator):
+    """``task=rerank`` training batches: each row's query joined with its positive and then with each of its k
+    negatives (``pairs``: B x (1 + k) cross-encoder inputs, row-major), by the reranker's own joining of cached
+    token ids (``join``, a ``gte_pro.models.pairs.PairBatcher``)."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, join: Callable[..., dict[str, torch.Tensor]],
+                 teacher_scores: bool = False) -> None:
+        super().__init__(tokenizer, teacher_scores)
+        self.join = join
+
+    def __call__(self, rows: list[DrawnRow]) -> dict[str, Any]:
+        queries = [r.query for r in rows for _ in range(1 + len(r.negatives))]
+        docs = [d for r in rows for d in (r.positive, *r.negatives)]
+        pairs = self.join(queries, docs)
+        batch = {"pairs": pairs, "group_size": 1 + len(rows[0].negatives),
+                 "num_tokens": int(pairs["attention_mask"].sum()),
+                 "rows": torch.tensor([r.row for r in rows], dtype=torch.long)}
+        if self.teacher_scores or any(r.teacher is not None for r in rows):
+            batch["teacher_scores"] = self.teacher_tensor(rows)
+        return batch
+
+
+class CandidateCollator:
+    """(pair id, query ids, document ids) items (``gte_pro.data.datasets.CandidatePairs``) -> ids and joined
+    features."""
+
+    def __init__(self, join: Callable[..., dict[str, torch.Tensor]]) -> None:
+        self.join = join
+
+    def __call__(self, items: list[tuple[int, Sequence[int], Sequence[int]]]) -> dict[str, Any]:
+        return {"ids": torch.tensor([i for i, _, _ in items], dtype=torch.long),
+                "features": self.join([q for _, q, _ in items], [d for _, _, d in items])}

@@ -218,3 +218,24 @@ class EvalTextsCache:
         if key not in self._built:  # the set is kept with it, so that its id cannot be reused by another object
             self._built[key] = (retrieval, EvalTexts(retrieval, tokenizer, max_length, query_prefix, doc_prefix))
         return self._built[key][1]
+
+
+class CandidatePairs(Dataset):
+    """``task=rerank`` validation: each query of a retrieval set with each of its candidate documents, as
+    (pair id, query ids, document ids). The pair id is the pair's place in the flattened candidate lists (query 0's
+    candidates first), which the reranker's validation scatters its scores back to; items are served longest pair
+    first, so that each batch pads little."""
+
+    def __init__(self, texts: EvalTexts, candidates: Sequence[Sequence[int]]) -> None:
+        self.texts = texts
+        self.query_of = np.repeat(np.arange(len(candidates)), [len(c) for c in candidates])
+        self.doc_of = np.asarray([j for c in candidates for j in c], dtype=np.int64)
+        lengths = texts.queries.lengths[self.query_of] + np.asarray(texts.docs.lengths)[self.doc_of]
+        self.order = np.lexsort((np.arange(len(lengths)), -lengths))
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __getitem__(self, index: int) -> tuple[int, np.ndarray, np.ndarray]:
+        pair = int(self.order[index])
+        return pair, self.texts.queries[int(self.query_of[pair])], self.texts.docs[int(self.doc_of[pair])]
