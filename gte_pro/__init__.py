@@ -1,8 +1,18 @@
 """gte-pro: Hydra + Lightning contrastive fine-tuning of GTE-family text embedding models."""
 
+import os
+from pathlib import Path
+
 from omegaconf import OmegaConf
 
 __version__ = "0.1.0"
+
+# where built data (token caches, the demo corpus) and fetched models live; conf/paths/default.yaml reads the same
+CACHE_ENV = "GTE_PRO_CACHE"
+DEFAULT_CACHE = "~/.cache/gte_pro"
+# models a make target fetches into <cache>/models/<name> for benchmarks and tests (never a dependency of the
+# package): name -> the command that fetches it
+FETCHED_MODELS = {"all-mpnet-base-v2": "make fetch-mpnet"}
 
 
 def packaged_minilm_path() -> str:
@@ -15,6 +25,30 @@ def packaged_minilm_path() -> str:
 # ${packaged_minilm:} in conf/model/minilm.yaml resolves to the folder of those weights
 if not OmegaConf.has_resolver("packaged_minilm"):
     OmegaConf.register_new_resolver("packaged_minilm", packaged_minilm_path)
+
+
+def cache_root() -> Path:
+    """The cache folder: ``$GTE_PRO_CACHE``, else ~/.cache/gte_pro."""
+    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE).expanduser()
+
+
+def cached_model_path(name: str) -> str:
+    """Folder of the model ``name`` fetched into ``<cache>/models/<name>``; a ``MissingModelError`` saying which
+    command fetches it when it is not there."""
+    folder = cache_root() / "models" / name
+    if not (folder / "config.json").is_file():
+        from gte_pro.errors import MissingModelError
+
+        fetch = FETCHED_MODELS.get(name)
+        how = f"run `{fetch}` to fetch it" if fetch else f"put a Hugging Face model folder at {folder}"
+        raise MissingModelError(f"model {name} is not in the cache: no {folder / 'config.json'} ({how}; the cache "
+                                f"is ${CACHE_ENV}, else {DEFAULT_CACHE})", hint=how)
+    return str(folder)
+
+
+# ${cached_model:all-mpnet-base-v2} in conf/model/mpnet.yaml resolves to <cache>/models/all-mpnet-base-v2
+if not OmegaConf.has_resolver("cached_model"):
+    OmegaConf.register_new_resolver("cached_model", cached_model_path)
 
 
 def _run_stamp() -> str:

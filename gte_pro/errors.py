@@ -81,16 +81,24 @@ def _hydra_user_errors() -> tuple[type[BaseException], ...]:
 
 
 def _causes(error: BaseException | None) -> Iterator[BaseException]:
-    """``error`` and what it was explicitly raised from (``raise X from Y``), not what it was handling."""
+    """``error`` and what it was explicitly raised from (``raise X from Y``), not what it was handling; except that
+    what a config resolver raised (``${cached_model:...}``) is the cause of OmegaConf's InterpolationResolutionError,
+    which OmegaConf raises while handling it, without ``from``."""
+    from omegaconf.errors import InterpolationResolutionError
+
     while error is not None:
         yield error
-        error = error.__cause__
+        implicit = error.__context__ if isinstance(error, InterpolationResolutionError) else None
+        error = error.__cause__ or implicit
 
 
 def user_error(error: BaseException) -> BaseException | None:
-    """The user's mistake behind ``error`` (``error`` itself or an explicit cause), or None for a bug."""
-    kinds = (UserError, *_hydra_user_errors())
-    return next((e for e in _causes(error) if isinstance(e, kinds)), None)
+    """The user's mistake behind ``error`` (``error`` itself or an explicit cause; our own type before Hydra's,
+    whose hints are generic), or None for a bug."""
+    causes = list(_causes(error))
+    hydra_kinds = _hydra_user_errors()
+    return (next((e for e in causes if isinstance(e, UserError)), None)
+            or next((e for e in causes if isinstance(e, hydra_kinds)), None))
 
 
 def _one_line(text: str) -> str:

@@ -40,7 +40,8 @@ def test_no_model_option_runs_hub_code_unless_the_user_sets_it(make_cfg, monkeyp
         raise Stop  # nothing is loaded: the hub is not reachable here, and the kwargs are all this test needs
 
     monkeypatch.setattr(model_module.AutoTokenizer, "from_pretrained", record)
-    extra = ["model.name_or_path=/somewhere"] if option == "encoder" else []
+    # encoder names no model; mpnet's folder is fetched by `make fetch-mpnet`, not here
+    extra = ["model.name_or_path=/somewhere"] if option in ("encoder", "mpnet") else []
     for user_value, expected in ((None, False), ("true", True)):
         seen.clear()
         overrides = [f"model={option}", *extra] + ([f"model.trust_remote_code={user_value}"] if user_value else [])
