@@ -33,6 +33,9 @@ class RetrievalSet:
     queries: list[str]
     corpus: list[str]
     relevant: list[set[int]]
+    # each query's own rows' documents (positives, then negatives, first occurrence first), for held-out rows:
+    # what a reranker reorders with eval.retriever=rows; None for sets without rows (BEIR)
+    candidates: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         if len(self.queries) != len(self.relevant):
@@ -49,6 +52,7 @@ class RetrievalSet:
         corpus_index: dict[str, int] = {}
         query_index: dict[str, int] = {}
         relevant: list[set[int]] = []
+        candidates: list[dict[int, None]] = []  # insertion-ordered sets
 
         def doc_id(text: str) -> int:
             return corpus_index.setdefault(text, len(corpus_index))
@@ -57,12 +61,12 @@ class RetrievalSet:
             qid = query_index.setdefault(ex.query, len(query_index))
             if qid == len(relevant):
                 relevant.append(set())
+                candidates.append({})
             relevant[qid].update(doc_id(p) for p in ex.positives)
-            for negative in ex.negatives:
-                doc_id(negative)
+            candidates[qid].update(dict.fromkeys(doc_id(text) for text in (*ex.positives, *ex.negatives)))
         for text in distractors:
             doc_id(text)
-        return cls(list(query_index), list(corpus_index), relevant)
+        return cls(list(query_index), list(corpus_index), relevant, [list(c) for c in candidates])
 
 
 def top_candidates(query_emb: torch.Tensor, corpus_emb: torch.Tensor, k: int, max_scores_per_chunk: int,

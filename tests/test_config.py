@@ -11,8 +11,12 @@ from hydra.errors import MissingConfigException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from gte_pro.config.checks import config_problems
 from gte_pro.modes.build import build_encoder, build_strategy, build_trainer, instantiate_dict
 from tests.conftest import CONF
+
+RERANKERS = ("cross_encoder", "reranker_minilm", "reranker_tiny", "gte_reranker_modernbert",
+             "gte_multilingual_reranker", "bge_reranker_base")
 
 GROUPS = ["model", "data", "loss", "optimizer", "scheduler", "strategy", "precision", "callbacks", "logger",
           "trainer", "debug", "experiment", "hparams_search"]
@@ -20,6 +24,15 @@ GROUPS = ["model", "data", "loss", "optimizer", "scheduler", "strategy", "precis
 
 def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("option", RERANKERS)
+def test_reranker_options_compose_with_task_rerank_and_pass_the_checks(make_cfg, option):
+    extra = ["model.name_or_path=/somewhere"] if option == "cross_encoder" else []
+    cfg = make_cfg(["task=rerank", f"model={option}", *extra])
+    assert cfg.model._target_ == "gte_pro.models.cross_encoder.CrossEncoder" and cfg.model.lr > 0
+    assert cfg.loss._target_ == "gte_pro.training.losses_rerank.ListwiseLoss" and cfg.data.num_negatives == 7
+    assert config_problems(cfg) == []
 
 
 def test_every_group_has_options_and_the_defaults_compose(make_cfg):
@@ -31,7 +44,7 @@ def test_every_group_has_options_and_the_defaults_compose(make_cfg):
     assert OmegaConf.select(cfg, "data._target_") == "gte_pro.data.demo.DemoDataModule"
 
 
-@pytest.mark.parametrize("option", options("model"))
+@pytest.mark.parametrize("option", [o for o in options("model") if o not in RERANKERS])
 def test_model_options(make_cfg, option):
     overrides = [f"model={option}"] + (["model.name_or_path=/somewhere"] if option == "encoder" else [])
     cfg = make_cfg(overrides)
@@ -81,10 +94,11 @@ def test_data_options(make_cfg, option, tokenizer, pairs_file: Path, tmp_path: P
                for ex in module.train_rows)  # the module's own tokenizer, no prefix
 
 
-@pytest.mark.parametrize("option", options("loss"))
+@pytest.mark.parametrize("option", [o for o in options("loss") if o not in ("listwise", "pointwise_bce")])
 def test_loss_options(make_cfg, option):
     """Hand-computed values at the configured temperature: 4 orthonormal queries, each equal to its positive, then
-    with the positives rolled by one (each query's positive orthogonal to it, another document equal to it)."""
+    with the positives rolled by one (each query's positive orthogonal to it, another document equal to it). The
+    reranker's losses: tests/test_rerank.py."""
     cfg = make_cfg([f"loss={option}"])
     loss = instantiate(cfg.loss)
     tau = cfg.loss.temperature

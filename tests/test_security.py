@@ -27,7 +27,7 @@ def _model_options() -> list[str]:
 @pytest.mark.parametrize("option", _model_options())
 def test_no_model_option_runs_hub_code_unless_the_user_sets_it(make_cfg, monkeypatch, option):
     """Each preset passes trust_remote_code=False to transformers; model.trust_remote_code=true passes True."""
-    from gte_pro.models import encoder as model_module
+    from gte_pro.models import loading as model_module
     from gte_pro.modes.build import build_encoder
 
     seen: list[Any] = []
@@ -40,8 +40,8 @@ def test_no_model_option_runs_hub_code_unless_the_user_sets_it(make_cfg, monkeyp
         raise Stop  # nothing is loaded: the hub is not reachable here, and the kwargs are all this test needs
 
     monkeypatch.setattr(model_module.AutoTokenizer, "from_pretrained", record)
-    # encoder names no model; mpnet's folder is fetched by `make fetch-mpnet`, not here
-    extra = ["model.name_or_path=/somewhere"] if option in ("encoder", "mpnet") else []
+    # encoder and cross_encoder name no model; mpnet's folder is fetched by `make fetch-mpnet`, not here
+    extra = ["model.name_or_path=/somewhere"] if option in ("encoder", "cross_encoder", "mpnet") else []
     for user_value, expected in ((None, False), ("true", True)):
         seen.clear()
         overrides = [f"model={option}", *extra] + ([f"model.trust_remote_code={user_value}"] if user_value else [])

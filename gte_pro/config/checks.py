@@ -49,6 +49,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "devices": devices_value,
     "nodes": integer(1),
     "mode": choice("train", "eval", "mine"),
+    "task": choice("embed", "rerank"),
     "lr_find": FLAG,
     "lr_find_steps": integer(1),
     "matmul_precision": choice("highest", "high", "medium"),
@@ -103,6 +104,9 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "eval.quantization": subset("int8", "binary"),
     "eval.truncate_dims": lambda v: int_list(v, 1),
     "eval.before": FLAG,
+    "eval.rerank_depth": at_least(1),  # task=rerank
+    "eval.retriever_batch_size": at_least(1),
+    "loss.pos_weight": number(0, open_low=True, optional=True),  # loss=pointwise_bce
     # mining (mode=mine); the cross-key rules (range_min < range_max) are gte_pro.mining.options.option_problems'
     "mine.num_negatives": at_least(1),
     "mine.range_min": at_least(0),
@@ -204,6 +208,34 @@ def _mix_problems(cfg: DictConfig) -> list[str]:
     return []
 
 
+CROSS_ENCODER = "gte_pro.models.cross_encoder.CrossEncoder"
+RERANK_LOSSES = "gte_pro.training.losses_rerank."
+
+
+def _task_problems(cfg: DictConfig) -> list[str]:
+    """task=rerank trains a cross-encoder with a reranking loss, in mode=train; task=embed neither."""
+    task = cfg.get("task", "embed")
+    model = OmegaConf.select(cfg, "model._target_", default=None, throw_on_missing=False)
+    loss = OmegaConf.select(cfg, "loss._target_", default=None, throw_on_missing=False)
+    rerank = task == "rerank"
+    problems = []
+    if isinstance(model, str) and (model == CROSS_ENCODER) != rerank:
+        problems.append(f"model: task={task} trains " + (
+            "a cross-encoder: choose model=reranker_minilm, reranker_tiny, gte_reranker_modernbert, "
+            "gte_multilingual_reranker, bge_reranker_base or cross_encoder model.name_or_path=..." if rerank else
+            f"an embedder, and {model} is a reranker: add task=rerank, or choose an embedder (model=minilm, ...)"))
+    if isinstance(loss, str) and loss.startswith(RERANK_LOSSES) != rerank:
+        problems.append(f"loss: task={task} " + ("needs a reranking loss: loss=listwise or loss=pointwise_bce"
+                                                   if rerank else f"trains an embedder; {loss} is a reranker's loss"))
+    if rerank and cfg.get("mode", "train") != "train":
+        problems.append(f"mode={cfg.get('mode')}: task=rerank runs mode=train (validation reranks eval.retriever's "
+                        "candidates); mode=score scores with a trained reranker")
+    if rerank and OmegaConf.select(cfg, "data.remine.every_n_epochs", default=0):
+        problems.append("data.remine: re-mining refreshes an embedder's negatives; with task=rerank mine them first "
+                        "(mode=mine) and set data.remine.every_n_epochs=0")
+    return problems
+
+
 def _lr_problems(cfg: DictConfig) -> list[str]:
     """The learning rate has one source of truth, model.lr (sweeps and lr_find set it; the module hands it to the
     optimizer): an optimizer.lr of another value would be silently replaced."""
@@ -231,7 +263,7 @@ def config_problems(cfg: DictConfig) -> list[str]:
     problems = _absent_groups(cfg) + list(unusable.values()) + _mix_problems(cfg)
     if "optimizer.lr" not in unusable and "model.lr" not in unusable:
         problems += _lr_problems(cfg)
-    problems += _topology_problems(cfg)
+    problems += _topology_problems(cfg) + _task_problems(cfg)
     for key, rule in {**RULES, **_source_rules(cfg)}.items():
         if key in unusable:
             continue

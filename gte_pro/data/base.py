@@ -19,11 +19,11 @@ from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.cache import TokenizedCache, cache_key, tokenizer_fingerprint, write_tokenized
-from gte_pro.data.collate import EvalCollator, TokenCollator
-from gte_pro.data.datasets import EvalTextsCache, ExampleView, TokenizedPairs
+from gte_pro.data.datasets import ExampleView, TokenizedPairs
 from gte_pro.data.records import CleaningReport, Example, iter_clean_examples
 from gte_pro.data.sampling import EpochSampler, ResumableLoader
 from gte_pro.data.split import is_held_out
+from gte_pro.data.validation import ValidationSets
 from gte_pro.errors import ConfigError, DataError
 from gte_pro.retrieval import RetrievalSet
 from gte_pro.utils.files import published_folder, write_error
@@ -31,7 +31,7 @@ from gte_pro.utils.files import published_folder, write_error
 log = logging.getLogger(__name__)
 
 
-class ContrastiveDataModule(LightningDataModule, abc.ABC):
+class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
     """Base: subclasses implement ``load_rows`` and ``source_signature``.
 
     ``prepare_data`` (local rank 0) streams the training rows once through cleaning, the validation split and the
@@ -90,11 +90,7 @@ class ContrastiveDataModule(LightningDataModule, abc.ABC):
         self.reports: list[dict[str, Any]] = []
         self._live_reports: list[CleaningReport] = []
         self._private_cache: Path | None = None
-        # named sets validated after the held-out split (add_eval_sets: eval.beir)
-        self.extra_eval: list[tuple[str, RetrievalSet]] = []
-        self.extra_eval_batch_size = eval_batch_size
-        self.extra_eval_max_length = max_length
-        self._eval_texts = EvalTextsCache()
+        self.init_validation_sets(eval_batch_size, max_length)
         self._train_loader: ResumableLoader | None = None
         self._resume_position: dict[str, Any] | None = None  # from a checkpoint, for the next train_dataloader()
         self.negative_pool: Any = None  # re-mined negatives (gte_pro.mining.remine sets it), drawn from when set
@@ -243,7 +239,7 @@ class ContrastiveDataModule(LightningDataModule, abc.ABC):
                             f"(data.batch_size={self.batch_size} x {world_size} devices): lower the batch size or "
                             "add data")
         pairs = TokenizedPairs(self.token_cache.token_rows(), self.num_negatives, self.seed, self.negative_pool)
-        collate = TokenCollator(self._require_tokenizer(), teacher_scores=self.token_cache.scored)
+        collate = self.train_collate(self._require_tokenizer(), self.token_cache.scored)
         lengths = self.token_cache.lengths() if self.group_by_length else None
         sampler = EpochSampler(len(pairs), self.batch_size, world_size, rank, self.seed, lengths, self.length_window)
         # every step (and every rank) sees a full contrastive batch with the same number of negatives
@@ -269,27 +265,3 @@ class ContrastiveDataModule(LightningDataModule, abc.ABC):
         """The epoch the training loader serves next (after a restore: the checkpoint's)."""
         loader = self._train_loader
         return int(loader.sampler.epoch) if loader is not None else int((self._resume_position or {}).get("epoch", 0))
-
-    def add_eval_sets(self, sets: Sequence[tuple[str, RetrievalSet]], batch_size: int | None = None,
-                      max_length: int | None = None) -> None:
-        """Named retrieval sets (e.g. BEIR folders) validated after the held-out split, each logged on its own."""
-        self.extra_eval = list(sets)
-        self.extra_eval_batch_size = batch_size or self.eval_batch_size
-        self.extra_eval_max_length = max_length or self.max_length
-
-    def validation_sets(self) -> list[tuple[str, RetrievalSet]]:
-        """(name, set) in val-dataloader order; the unnamed first one is the training data's held-out split."""
-        assert self.retrieval is not None, "setup() first"
-        return [("", self.retrieval), *self.extra_eval]
-
-    def _eval_loader(self, retrieval: RetrievalSet, batch_size: int, max_length: int) -> DataLoader:
-        collate = EvalCollator(self._require_tokenizer())
-        texts = self._eval_texts.get(self.tokenizer, retrieval, max_length, self.query_prefix, self.doc_prefix)
-        return DataLoader(texts, batch_size=batch_size, collate_fn=collate, num_workers=self.num_workers,
-                          pin_memory=self.pin_memory, persistent_workers=self.persistent_workers)
-
-    def val_dataloader(self) -> DataLoader | list[DataLoader]:
-        main, *extra = self.validation_sets()
-        loaders = [self._eval_loader(main[1], self.eval_batch_size, self.max_length)]
-        loaders += [self._eval_loader(rs, self.extra_eval_batch_size, self.extra_eval_max_length) for _, rs in extra]
-        return loaders if extra else loaders[0]

@@ -23,7 +23,6 @@ from torch.utils.data import DataLoader
 
 from gte_pro.data.base import ContrastiveDataModule
 from gte_pro.data.beir import BeirDataModule
-from gte_pro.data.collate import TokenCollator
 from gte_pro.data.datasets import TokenizedPairs
 from gte_pro.data.demo import DemoDataModule
 from gte_pro.data.hf import HFDataModule
@@ -239,8 +238,8 @@ class MixDataModule(ContrastiveDataModule):
         sampler = MixSampler(list(self.source_rows.values()), list(self.probabilities.values()), self.batch_size,
                              world_size, rank, self.seed, self.same_source_batches, lengths, self.length_window)
         loader = ResumableLoader(pairs, sampler, batch_size=self.batch_size, drop_last=True,
-                                 collate_fn=TokenCollator(self._require_tokenizer(),
-                                                          any(s.token_cache.scored for s in sources)),
+                                 collate_fn=self.train_collate(self._require_tokenizer(),
+                                                               any(s.token_cache.scored for s in sources)),
                                  num_workers=self.num_workers,
                                  pin_memory=self.pin_memory, persistent_workers=self.persistent_workers)
         if self._resume_position is not None:
@@ -263,7 +262,7 @@ class MixDataModule(ContrastiveDataModule):
         return [(name, source.retrieval) for name, source in self.sources.items()] + list(self.extra_eval)
 
     def val_dataloader(self) -> list[DataLoader]:
-        loaders = [source._eval_loader(source.retrieval, source.eval_batch_size, source.max_length)
-                   for source in self.sources.values()]
-        return loaders + [self._eval_loader(rs, self.extra_eval_batch_size, self.extra_eval_max_length)
-                          for _, rs in self.extra_eval]
+        loaders = [self.eval_loader(index, source.retrieval, source.eval_batch_size, source.max_length)
+                   for index, source in enumerate(self.sources.values())]
+        return loaders + [self.eval_loader(index, rs, self.extra_eval_batch_size, self.extra_eval_max_length)
+                          for index, (_, rs) in enumerate(self.extra_eval, start=len(loaders))]

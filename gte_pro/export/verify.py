@@ -123,17 +123,19 @@ def state_dict_round_trip(encoder: Encoder, fresh: Encoder, texts: Sequence[str]
     return diff
 
 
-def compare_devices(reference: Encoder, other: Encoder, texts: Sequence[str], tolerance: float,
-                    name: str = "CPU and cuda") -> float:
+def compare_devices(reference: Any, other: Any, texts: Sequence[str], tolerance: float,
+                    name: str = "CPU and cuda", outputs: Callable[[Any], torch.Tensor] | None = None) -> float:
     """Max abs difference of the fp32 embeddings of ``texts`` by two encoders (e.g. the CPU model and its copy on a
-    GPU); raise ``ExportMismatchError`` above ``tolerance``.
+    GPU); raise ``ExportMismatchError`` above ``tolerance``. ``outputs(model)``: what is compared (default: the
+    embeddings of ``texts``; a reranker passes its scores of pairs).
 
     TF32 is switched off for the comparison: it is a documented precision trade, not a deployment bug.
     """
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
     try:
-        diff = float((reference.encode(texts) - other.encode(texts)).abs().max())
+        run = outputs or (lambda model: model.encode(texts))
+        diff = float((run(reference) - run(other)).abs().max())
     finally:
         torch.set_float32_matmul_precision(previous)
     if diff > tolerance:
@@ -142,16 +144,18 @@ def compare_devices(reference: Encoder, other: Encoder, texts: Sequence[str], to
     return diff
 
 
-def device_copy(encoder: Encoder, device: str) -> Encoder:
+def device_copy(encoder: Any, device: str) -> Any:
     """An fp32 copy of ``encoder`` on ``device`` (the encoder itself is left where and as it is)."""
     return copy.deepcopy(encoder).float().to(device)
 
 
-def cpu_vs_device(encoder: Encoder, texts: Sequence[str], tolerance: float, device: str = "cuda") -> float | None:
-    """Max abs difference of fp32 embeddings on the CPU and on ``device`` (None when there is no such device)."""
+def cpu_vs_device(encoder: Any, texts: Sequence[str], tolerance: float, device: str = "cuda",
+                  outputs: Callable[[Any], torch.Tensor] | None = None) -> float | None:
+    """Max abs difference of fp32 embeddings (or ``outputs``) on the CPU and on ``device`` (None when there is no
+    such device)."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         return None
     parameter = next(encoder.parameters())
     on_cpu_fp32 = parameter.device.type == "cpu" and parameter.dtype == torch.float32
     cpu = encoder if on_cpu_fp32 else device_copy(encoder, "cpu")
-    return compare_devices(cpu, device_copy(encoder, device), texts, tolerance, f"CPU and {device}")
+    return compare_devices(cpu, device_copy(encoder, device), texts, tolerance, f"CPU and {device}", outputs)

@@ -18,10 +18,14 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
+from gte_pro.errors import ConfigError
 from gte_pro.launch.checkpoint_io import AtomicCheckpointIO
 from gte_pro.launch.environment import cpu_has_native_bf16, emulated_bf16_warning
+from gte_pro.models.cross_encoder import CrossEncoder
 from gte_pro.models.encoder import Encoder
+from gte_pro.training.base_module import TrainingModule
 from gte_pro.training.module import ContrastiveModule
+from gte_pro.training.rerank_module import RerankModule
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +37,21 @@ def instantiate_dict(group: DictConfig | None) -> list[Any]:
     return [instantiate(node) for node in group.values() if isinstance(node, DictConfig) and "_target_" in node]
 
 
-def build_encoder(cfg: DictConfig) -> Encoder:
-    """The encoder from ``cfg.model`` (everything but ``lr``, which belongs to the optimizer)."""
+# task=embed trains an embedder (model/: an Encoder), task=rerank a reranker (model/: a CrossEncoder)
+TASKS: dict[str, tuple[type, type[TrainingModule]]] = {"embed": (Encoder, ContrastiveModule),
+                                                       "rerank": (CrossEncoder, RerankModule)}
+
+
+def task_of(cfg: DictConfig) -> str:
+    task = cfg.get("task", "embed")
+    if task not in TASKS:
+        raise ConfigError(f"task={task!r} is not valid; valid choices: {', '.join(TASKS)}")
+    return task
+
+
+def build_encoder(cfg: DictConfig) -> Any:
+    """The network from ``cfg.model`` (everything but ``lr``, which belongs to the optimizer): an ``Encoder``, or
+    for ``task=rerank`` a ``CrossEncoder``."""
     options = {key: value for key, value in OmegaConf.to_container(cfg.model, resolve=True).items() if key != "lr"}
     return instantiate(options)
 
@@ -58,6 +75,14 @@ def build_datamodule(cfg: DictConfig, tokenizer: Any, query_prefix: str = "", do
     """The configured data module (``data/``), tokenizing with ``tokenizer`` and the model's prompts."""
     return instantiate(cfg.data, tokenizer=tokenizer, query_prefix=query_prefix, doc_prefix=doc_prefix,
                        seed=cfg.seed)
+
+
+def build_data_for(cfg: DictConfig, model: Encoder | CrossEncoder) -> Any:
+    """The data module for training ``model``: a reranker's batches are its own joined (query, document) pairs."""
+    datamodule = build_datamodule(cfg, model.tokenizer, model.query_prefix, model.doc_prefix)
+    if isinstance(model, CrossEncoder):
+        datamodule.pair_join = model.pairs
+    return datamodule
 
 
 def build_strategy(cfg: DictConfig) -> Any:
@@ -88,8 +113,16 @@ def build_trainer(cfg: DictConfig, callbacks: list[Callback], loggers: list[Logg
 def module_config(cfg: DictConfig) -> dict[str, Any]:
     """The resolved parts of ``cfg`` that describe the Lightning module (saved with every checkpoint)."""
     return {key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key]
-            for key in ContrastiveModule.CONFIG_KEYS if key in cfg}
+            for key in TrainingModule.CONFIG_KEYS if key in cfg}
 
 
-def build_module(cfg: DictConfig, encoder: Encoder) -> ContrastiveModule:
-    return ContrastiveModule.from_config(module_config(cfg), encoder)
+def build_module(cfg: DictConfig, encoder: Encoder | CrossEncoder) -> TrainingModule:
+    """The task's Lightning module around ``encoder``, which must be the task's kind of model."""
+    task = task_of(cfg)
+    model_class, module_class = TASKS[task]
+    if not isinstance(encoder, model_class):
+        valid = {"embed": "an embedder (model=minilm, gte_small, encoder, ...)",
+                 "rerank": "a cross-encoder (model=reranker_minilm, reranker_tiny, cross_encoder, ...)"}[task]
+        raise ConfigError(f"task={task} trains {valid}; model={cfg.model.get('_target_', '?')} is a "
+                         f"{type(encoder).__name__}")
+    return module_class.from_config(module_config(cfg), encoder)

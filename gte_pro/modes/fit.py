@@ -23,22 +23,24 @@ from omegaconf import DictConfig, OmegaConf
 from gte_pro.errors import ConfigError
 from gte_pro.evaluation.report import merge_results, metrics_table, optimized_value
 from gte_pro.evaluation.sets import attach_eval_sets
+from gte_pro.export.cross_encoder import export_cross_encoder, release_reranker
 from gte_pro.export.release import check_export_requirements, release
 from gte_pro.export.writers import export_sentence_transformers
 from gte_pro.launch.preemption import PreemptionCheckpoint, under_submitit
 from gte_pro.launch.resume import check_resumed_config, resume_checkpoint
 from gte_pro.mining.remine import RemineNegatives, remine_callback
+from gte_pro.models.cross_encoder import CrossEncoder
 from gte_pro.models.encoder import Encoder
 from gte_pro.modes.build import (
-    build_datamodule,
+    build_data_for,
     build_encoder,
     build_module,
     build_trainer,
     instantiate_dict,
     start_run,
 )
+from gte_pro.training.base_module import TrainingModule
 from gte_pro.training.callbacks import Throughput, ValidationRecord
-from gte_pro.training.module import ContrastiveModule
 from gte_pro.utils.files import remove_stale_temporaries, write_json_atomic
 from gte_pro.utils.plots import plot_run
 from gte_pro.utils.secrets import redact_secrets
@@ -49,7 +51,7 @@ log = logging.getLogger(__name__)
 VAL_BEFORE = "val_before.json"
 
 
-def run_lr_find(trainer: Trainer, module: ContrastiveModule, datamodule: Any, output_dir: Path,
+def run_lr_find(trainer: Trainer, module: TrainingModule, datamodule: Any, output_dir: Path,
                 num_training: int = 100) -> float:
     """Lightning's learning-rate range test; saves the plot and sets the module's lr to the suggestion.
 
@@ -96,7 +98,7 @@ class Run:
 
     cfg: DictConfig
     output_dir: Path
-    module: ContrastiveModule
+    module: TrainingModule
     datamodule: Any
     trainer: Trainer
     callbacks: list[Callback]
@@ -145,7 +147,7 @@ def set_up(cfg: DictConfig, times: PhaseTimes) -> Run:
     check_export_requirements(cfg.get("export"))
 
     encoder = build_encoder(cfg)
-    datamodule = build_datamodule(cfg, encoder.tokenizer, encoder.query_prefix, encoder.doc_prefix)
+    datamodule = build_data_for(cfg, encoder)
     attach_eval_sets(datamodule, cfg)  # eval.beir: validated (and logged) next to the held-out split
     module = build_module(cfg, encoder)
     _log_parameters(encoder)
@@ -267,12 +269,15 @@ def _export_and_record(run: Run, summary: dict[str, Any]) -> None:
     """Rank 0: ``model/`` and ``metrics.json`` first (a failing export check still leaves both), then the verified
     exports, model card and deployment checks, recorded in ``metrics.json`` with the run's wall-time breakdown."""
     cfg, output_dir, module, times = run.cfg, run.output_dir, run.module, run.times
+    reranker = isinstance(module.encoder, CrossEncoder)
     with times.phase("exports"):
-        model_dir = export_sentence_transformers(module.encoder, output_dir / "model")
+        export = export_cross_encoder if reranker else export_sentence_transformers
+        model_dir = export(module.encoder, output_dir / "model")
         summary["model_dir"] = str(model_dir)
         write_json_atomic(output_dir / "metrics.json", summary)
         # raises (failing the run) if an export does not reproduce the module
-        summary["exports"] = release(module.encoder, output_dir, cfg, summary, fresh=lambda: build_encoder(cfg))
+        summary["exports"] = (release_reranker if reranker else release)(module.encoder, output_dir, cfg, summary,
+                                                                         fresh=lambda: build_encoder(cfg))
         _plot_curves(output_dir)
     summary["timing"], summary["peak_rss_mb"] = times.record(), times.peak_rss_mb
     write_json_atomic(output_dir / "metrics.json", summary)

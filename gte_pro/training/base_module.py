@@ -170,6 +170,17 @@ class TrainingModule(LightningModule):
         self.guard.load_state_dict(checkpoint.get("gte_pro_guard", {}))
         self._resumed_stopped = bool(checkpoint.get("gte_pro_should_stop", False))
 
+    # --- validation ------------------------------------------------------------------------------------------
+    def _log_mean_over_sets(self, by_set: dict[str, dict[str, float]]) -> None:
+        """data=mix has no unnamed held-out set: val/<metric> (the monitored val/ndcg@10) is the unweighted mean
+        over the sets the data module names in ``averaged_sets`` (its sources), each logged as val/<source>/..."""
+        names = getattr(self.trainer.datamodule, "averaged_sets", None)
+        if not names:
+            return
+        for metric in by_set[names[0]]:
+            mean = sum(by_set[name][metric] for name in names) / len(names)
+            self.log("val/" + metric, mean, prog_bar=metric == "ndcg@10", sync_dist=False, add_dataloader_idx=False)
+
     # --- optimisation ---------------------------------------------------------------------------------------
     def configure_optimizers(self) -> Any:
         optimizer = self.optimizer_factory(param_groups(self.encoder), lr=self.lr)

@@ -44,7 +44,9 @@ class Throughput(Callback):
         now = time.perf_counter()
         if self._last is not None:
             elapsed = max(now - self._last, 1e-9)
-            samples = batch["query"]["input_ids"].shape[0] * trainer.world_size
+            # a sample is a training row: (query, positive, k negatives), embedded or joined into 1 + k pairs
+            rows = batch["rows"] if "rows" in batch else batch["query"]["input_ids"]
+            samples = rows.shape[0] * trainer.world_size
             tokens = batch["num_tokens"] * trainer.world_size  # counted by the collator on the CPU: no device sync
             self._samples_per_s = self._smooth(self._samples_per_s, samples / elapsed)
             self._tokens_per_s = self._smooth(self._tokens_per_s, tokens / elapsed)

@@ -140,13 +140,3 @@ class ContrastiveModule(TrainingModule):
             metrics = evaluate_distributed(ids, embeddings[:, :dim], retrieval.relevant, len(retrieval.corpus))
             for metric, value in metrics.items():
                 self.log(f"{prefix}dim{dim}/{metric}", value, sync_dist=False, add_dataloader_idx=False)
-
-    def _log_mean_over_sets(self, by_set: dict[str, dict[str, float]]) -> None:
-        """data=mix has no unnamed held-out set: val/<metric> (the monitored val/ndcg@10) is the unweighted mean
-        over the sets the data module names in ``averaged_sets`` (its sources), each logged as val/<source>/..."""
-        names = getattr(self.trainer.datamodule, "averaged_sets", None)
-        if not names:
-            return
-        for metric in by_set[names[0]]:
-            mean = sum(by_set[name][metric] for name in names) / len(names)
-            self.log("val/" + metric, mean, prog_bar=metric == "ndcg@10", sync_dist=False, add_dataloader_idx=False)

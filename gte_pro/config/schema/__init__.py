@@ -20,15 +20,22 @@ from hydra.core.config_store import ConfigStore
 
 from gte_pro.config.schema.data import BeirData, DemoData, HfData, JsonlData, MixData
 from gte_pro.config.schema.evaluation import EvalSchema
-from gte_pro.config.schema.loss import DistillKLSchema, GTESchema, InfoNCESchema, MarginMSESchema
+from gte_pro.config.schema.loss import (
+    DistillKLSchema,
+    GTESchema,
+    InfoNCESchema,
+    ListwiseSchema,
+    MarginMSESchema,
+    PointwiseBCESchema,
+)
 from gte_pro.config.schema.mining import MineSchema
-from gte_pro.config.schema.model import EncoderSchema
+from gte_pro.config.schema.model import CrossEncoderSchema, EncoderSchema
 
 SCHEMAS: dict[str, dict[str, type]] = {
     "data": {"demo": DemoData, "jsonl": JsonlData, "hf": HfData, "beir": BeirData, "mix": MixData},
-    "model": {"encoder": EncoderSchema},
+    "model": {"encoder": EncoderSchema, "cross_encoder": CrossEncoderSchema},
     "loss": {"infonce": InfoNCESchema, "gte": GTESchema, "distill_kl": DistillKLSchema,
-             "margin_mse": MarginMSESchema},
+             "margin_mse": MarginMSESchema, "listwise": ListwiseSchema, "pointwise_bce": PointwiseBCESchema},
     "eval": {"default": EvalSchema},
     "mine": {"default": MineSchema},
 }

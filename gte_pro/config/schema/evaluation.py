@@ -25,3 +25,9 @@ class EvalSchema:
     truncate_dims: list[int] | None = II("oc.select:loss.matryoshka_dims,null")
     # validate the untrained model before training too (val_before in metrics.json); false saves that pass
     before: FLAG = True
+    # task=rerank: where the candidates a reranker reorders at validation come from: an embedder (a path or hub
+    # name; its top rerank_depth documents of the validation corpus), or rows: each held-out query's own rows'
+    # positives and negatives. task/rerank sets the packaged MiniLM
+    retriever: str | None = None
+    rerank_depth: int = 100
+    retriever_batch_size: int = II("data.eval_batch_size")

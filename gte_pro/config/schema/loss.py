@@ -59,3 +59,23 @@ class DistillKLSchema(MarginMSESchema):
     similarity: str = "cosine"
     teacher_temperature: float = 1.0  # softmax(teacher scores / teacher_temperature)
     weight_infonce: float = 1.0  # FlagEmbedding adds its in-batch cross-entropy with weight 1
+
+
+@dataclass
+class ListwiseSchema:
+    """task=rerank: softmax cross-entropy over each row's positive and hard negatives (conf/loss/listwise.yaml)."""
+
+    _target_: str = MISSING
+    # the logits are divided by it before the softmax; 1 = FlagEmbedding's reranker
+    temperature: float = 1.0
+    max_skipped_steps: int = 10
+
+
+@dataclass
+class PointwiseBCESchema:
+    """task=rerank: binary cross-entropy on each pair (conf/loss/pointwise_bce.yaml)."""
+
+    _target_: str = MISSING
+    # weight of the positive pairs (null: 1); with k negatives per positive, k balances the classes
+    pos_weight: float | None = None
+    max_skipped_steps: int = 10

@@ -43,3 +43,24 @@ class EncoderSchema:
     doc_prefix: str = ""
     # learning rate (read by optimizer/*); sweep it with `-m model.lr=1e-5,2e-5,5e-5`
     lr: float = 2e-5
+
+
+@dataclass
+class CrossEncoderSchema:
+    """task=rerank: a cross-encoder (one logit per (query, document) pair) from the hub or a local folder
+    (conf/model/cross_encoder.yaml and its presets). Any BERT-like checkpoint initialises one; a reranker
+    checkpoint keeps its trained head."""
+
+    _target_: str = MISSING
+    name_or_path: str = MISSING
+    # a pair is cut to this many tokens (the longer text loses its end first)
+    max_length: int = 512
+    trust_remote_code: FLAG = False
+    attn_implementation: str | None = "sdpa"
+    gradient_checkpointing: FLAG = False
+    length_chunks: Any = "auto"
+    compile: FLAG = False
+    random_init_config: Any = None  # a dict of BertConfig fields, or null (tests, debugging)
+    query_prefix: str = ""
+    doc_prefix: str = ""
+    lr: float = 2e-5

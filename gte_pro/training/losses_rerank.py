@@ -1,0 +1,72 @@
+"""Reranker (cross-encoder) losses over groups of pair logits: one row's query with its positive, then with each
+of its k hard negatives (``GroupCollator``: ``logits`` of shape (B, 1 + k), the positive in column 0).
+
+Every group is scored on its own (no in-batch coupling), so DDP's gradient average over N ranks of B rows each
+trains exactly like one process with N*B rows, and gradient accumulation is exact too.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gte_pro.errors import ConfigError
+from gte_pro.training.losses import LossOutput
+
+
+def _positive_first_labels(logits: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
+
+
+class ListwiseLoss(nn.Module):
+    """Listwise softmax cross-entropy over each group (FlagEmbedding's reranker loss, ``train_group_size`` = 1 + k):
+
+        L = -1/B sum_i log( exp(s_i0 / tau) / sum_j exp(s_ij / tau) )
+
+    where s_ij is the cross-encoder's logit for (query i, document j of its group), j = 0 the positive. tau = 1 is
+    FlagEmbedding's setting. Nogueira & Cho (2019), "Passage Re-ranking with BERT"; Gao et al. (2021), "Rethink
+    Training of BERT Rerankers in Multi-Stage Retrieval Pipeline" (the localised contrastive estimation loss).
+    """
+
+    def __init__(self, temperature: float = 1.0, max_skipped_steps: int = 10) -> None:
+        super().__init__()
+        if not temperature > 0:
+            raise ConfigError(f"loss.temperature={temperature}: expected a value > 0")
+        self.temperature = float(temperature)
+        self.max_skipped_steps = max_skipped_steps
+
+    def forward(self, logits: torch.Tensor) -> LossOutput:
+        if logits.shape[1] < 2:
+            raise ConfigError("loss=listwise needs hard negatives to rank the positive against: set "
+                             "data.num_negatives >= 1 (rows with fewer get other rows' positives)")
+        labels = _positive_first_labels(logits)
+        loss = F.cross_entropy(logits.float() / self.temperature, labels)
+        return LossOutput(loss=loss, scores=logits, labels=labels)
+
+
+class PointwiseBCELoss(nn.Module):
+    """Pointwise binary cross-entropy on each pair's logit: label 1 for the positive, 0 for each negative
+    (sentence-transformers' ``BinaryCrossEntropyLoss``; monoBERT's objective, Nogueira & Cho 2019):
+
+        L = -1/(B(1+k)) sum_ij [ w y_ij log sigma(s_ij) + (1 - y_ij) log(1 - sigma(s_ij)) ]
+
+    ``pos_weight`` w weighs the positives (null: 1); k negatives per positive make k a common choice.
+    """
+
+    def __init__(self, pos_weight: float | None = None, max_skipped_steps: int = 10) -> None:
+        super().__init__()
+        if pos_weight is not None and not pos_weight > 0:
+            raise ConfigError(f"loss.pos_weight={pos_weight}: expected a value > 0, or null")
+        self.pos_weight = None if pos_weight is None else float(pos_weight)
+        self.max_skipped_steps = max_skipped_steps
+
+    def forward(self, logits: torch.Tensor) -> LossOutput:
+        targets = torch.zeros_like(logits, dtype=torch.float32)
+        targets[:, 0] = 1.0
+        weight = None if self.pos_weight is None else torch.tensor(self.pos_weight, device=logits.device)
+        loss = F.binary_cross_entropy_with_logits(logits.float(), targets, pos_weight=weight)
+        return LossOutput(loss=loss, scores=logits, labels=_positive_first_labels(logits))
+
+
+RERANK_LOSSES = (ListwiseLoss, PointwiseBCELoss)

@@ -1,0 +1,119 @@
+"""The reranker's Lightning module (``task=rerank``): a cross-encoder trained on groups of (query, document) pairs
+(the positive and the row's hard negatives) and validated by reranking each held-out query's candidates
+(``gte_pro.training.rerank_validation``)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from gte_pro.errors import ConfigError
+from gte_pro.evaluation.metrics import retrieval_metrics
+from gte_pro.evaluation.rows import ValidationRows
+from gte_pro.models.encoder import Encoder
+from gte_pro.retrieval import RetrievalSet
+from gte_pro.training.base_module import TrainingModule
+from gte_pro.training.rerank_validation import (
+    ROWS,
+    gather_pair_scores,
+    reranked,
+    retriever_candidates,
+    retriever_ranking,
+    rows_candidates,
+)
+
+log = logging.getLogger(__name__)
+
+
+class RerankModule(TrainingModule):
+    """``encoder`` is a ``gte_pro.models.cross_encoder.CrossEncoder``; ``loss`` one of
+    ``gte_pro.training.losses_rerank``. ``retriever``: where validation's candidates come from (an embedder's path
+    or hub name, or ``rows``), ``rerank_depth`` of them per query."""
+
+    def __init__(self, *args: Any, retriever: str | None = None, rerank_depth: int = 100,
+                 retriever_batch_size: int = 64, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.retriever = retriever
+        self.rerank_depth = int(rerank_depth)
+        self.retriever_batch_size = int(retriever_batch_size)
+        self._val_rows: dict[int, ValidationRows] = {}
+        self.candidates: list[list[list[int]]] | None = None  # per validation set, each query's candidates
+        self.retriever_metrics: list[dict[str, float]] = []  # per validation set: the candidates' own ranking
+
+    @classmethod
+    def options_from_config(cls, config: dict[str, Any]) -> dict[str, Any]:
+        evaluation = config.get("eval") or {}
+        return {"retriever": evaluation.get("retriever"), "rerank_depth": evaluation.get("rerank_depth", 100),
+                "retriever_batch_size": evaluation.get("retriever_batch_size", 64)}
+
+    # --- training ---------------------------------------------------------------------------------------------
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        logits = self.encoder(**batch["pairs"]).view(-1, batch["group_size"])
+        out = self.loss(logits)
+        self.guard.observe(batch, out.loss)
+        self._log_train_metrics(out, logits.shape[0])
+        return out.loss
+
+    # --- validation -------------------------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        """Once the data module is set up (and the process group exists): the candidates of every validation set,
+        handed to the data module, which serves them as pairs."""
+        datamodule = self.trainer.datamodule
+        if self.candidates is None:
+            self.candidates = self._find_candidates(datamodule.validation_sets())
+            self.retriever_metrics = [retrieval_metrics(retriever_ranking(candidates), retrieval.relevant)
+                                      for candidates, (_, retrieval) in zip(self.candidates,
+                                                                            datamodule.validation_sets(),
+                                                                            strict=True)]
+        datamodule.candidates = self.candidates
+
+    def _find_candidates(self, sets: list[tuple[str, RetrievalSet]]) -> list[list[list[int]]]:
+        if self.retriever == ROWS:
+            return [rows_candidates(retrieval, name) for name, retrieval in sets]
+        if not self.retriever:
+            raise ConfigError("task=rerank validates by reranking an embedder's top documents: set "
+                             "eval.retriever=<embedder path or hub name> (or eval.retriever=rows)")
+        device = self.trainer.strategy.root_device
+        retriever = Encoder(self.retriever).to(device)
+        rank, world_size = self.trainer.global_rank, self.trainer.world_size
+        found = []
+        for name, retrieval in sets:
+            found.append(retriever_candidates(retriever, retrieval, self.rerank_depth, self.retriever_batch_size,
+                                              rank, world_size))
+            log.info("reranker validation %s: the top %d of %d documents by %s for each of %d queries",
+                     name or "(held-out)", min(self.rerank_depth, len(retrieval.corpus)), len(retrieval.corpus),
+                     self.retriever, len(retrieval.queries))
+        del retriever
+        return found
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_rows = {}
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+        scores = self.encoder(**batch["features"]).float()[:, None]
+        if dataloader_idx not in self._val_rows:
+            loaders = self.trainer.val_dataloaders
+            loader = loaders[dataloader_idx] if isinstance(loaders, list | tuple) else loaders
+            self._val_rows[dataloader_idx] = ValidationRows(len(loader.sampler), 1, scores.device)
+        self._val_rows[dataloader_idx].append(batch["ids"].to(scores.device), scores)
+
+    def on_validation_epoch_end(self) -> None:
+        rows_by_loader, self._val_rows = self._val_rows, {}
+        assert self.candidates is not None, "setup() first"
+        by_set: dict[str, dict[str, float]] = {}
+        for index, (name, retrieval) in enumerate(self.trainer.datamodule.validation_sets()):
+            candidates = self.candidates[index]
+            ids, scores = rows_by_loader.get(index, ValidationRows(0, 1, self.device)).filled()
+            total = sum(len(c) for c in candidates)
+            metrics = retrieval_metrics(reranked(candidates, gather_pair_scores(ids, scores[:, 0], total)),
+                                        retrieval.relevant)
+            prefix = f"val/{name}/" if name else "val/"
+            for metric, value in metrics.items():
+                self.log(prefix + metric, value, prog_bar=not name and metric == "ndcg@10", sync_dist=False,
+                         add_dataloader_idx=False)
+            for metric, value in self.retriever_metrics[index].items():
+                self.log(f"{prefix}retriever/{metric}", value, sync_dist=False, add_dataloader_idx=False)
+            by_set[name] = metrics
+        self._log_mean_over_sets(by_set)
