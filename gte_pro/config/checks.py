@@ -114,6 +114,11 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "mine.batch_size": at_least(1),
     "mine.max_length": at_least(1),
     "mine.max_scores_per_chunk": at_least(1),
+    "mine.rescore_with": lambda v: None if v is None or (isinstance(v, str) and v.strip()) else
+    "expected the teacher's folder or hub name, or null",
+    "mine.rescore_kind": choice(None, "cross-encoder", "embedder"),
+    "mine.rescore_batch_size": at_least(1),
+    "mine.rescore_max_length": at_least(1),
 }
 
 # keys of a node that are not arguments of its target (build_encoder hands model.lr to the optimizer)
@@ -204,6 +209,18 @@ def _mix_problems(cfg: DictConfig) -> list[str]:
     return []
 
 
+def _remine_problems(cfg: DictConfig) -> list[str]:
+    """A teacher rescores the window in mode=mine only: re-mining during training mines with the embedder alone."""
+    remine = OmegaConf.select(cfg, "data.remine", default=None)
+    teacher = OmegaConf.select(cfg, "mine.rescore_with", default=None, throw_on_missing=False)
+    if teacher is not None and isinstance(remine, DictConfig) and (remine.get("every_n_epochs")
+                                                                  or remine.get("at_start")):
+        return [f"mine.rescore_with={teacher!r}: not supported with data.remine (re-mining during training mines "
+                "with the embedder alone); mine with the teacher once (mode=mine mine.rescore_with=...) and train on "
+                "its file, or set mine.rescore_with=null"]
+    return []
+
+
 def _lr_problems(cfg: DictConfig) -> list[str]:
     """The learning rate has one source of truth, model.lr (sweeps and lr_find set it; the module hands it to the
     optimizer): an optimizer.lr of another value would be silently replaced."""
@@ -228,7 +245,7 @@ def _topology_problems(cfg: DictConfig) -> list[str]:
 def config_problems(cfg: DictConfig) -> list[str]:
     """Every problem of ``cfg`` as one line naming the key, its value and what is valid; [] for a good config."""
     unusable = _unset_or_unresolvable(cfg)
-    problems = _absent_groups(cfg) + list(unusable.values()) + _mix_problems(cfg)
+    problems = _absent_groups(cfg) + list(unusable.values()) + _mix_problems(cfg) + _remine_problems(cfg)
     if "optimizer.lr" not in unusable and "model.lr" not in unusable:
         problems += _lr_problems(cfg)
     problems += _topology_problems(cfg)
