@@ -53,7 +53,7 @@ def _per_query(values: torch.Tensor) -> dict[str, float]:
     if counts.size == 0:
         return {"mean": 0.0, "min": 0.0, "median": 0.0, "p90": 0.0, "max": 0.0}
     low, median, p90, high = (float(v) for v in np.quantile(counts, [0.0, 0.5, 0.9, 1.0]))
-    return {"mean": round(float(counts.mean()), 3), "min": low, "median": median, "p90": p90, "max": high}
+    return {"mean": round(float(counts.mean()), 3), "min": low, "median": median, "p90": round(p90, 3), "max": high}
 
 
 def rescore_summary(rescored: Rescored) -> dict[str, Any]:
@@ -115,7 +115,9 @@ def summary_markdown(summary: dict[str, Any], files: dict[str, Path]) -> str:
              ["seconds (texts/s)", f"{summary['seconds']} ({summary['texts_per_s']})"]]
     if rescore := summary.get("rescore"):
         per_query = rescore["dropped_per_query"]
-        lines[5][0] = "candidates dropped by the teacher (at or above the positive, or by a margin)"
+        lines[5] = ["candidates dropped by the teacher (at or above the positive, or by a margin)",
+                    f"{rescore['dropped']} ({100 * rescore['dropped_share']:.1f}% of the "
+                    f"{rescore['candidates_judged']} it judged)"]
         lines += [["teacher", f"`{rescore['teacher']}` ({rescore['kind']})"],
                   ["dropped per query: mean / median / p90 / max", f"{per_query['mean']} / {per_query['median']} / "
                    f"{per_query['p90']} / {per_query['max']}"],
