@@ -1,5 +1,6 @@
 """Hard-negative mining (gte_pro.mining): the selection against a brute-force reference, chunking, sharding over 2
-gloo processes, ``mode=mine`` end to end (1 process and ``strategy=ddp devices=2``), and bad input."""
+gloo processes (rescoring with a teacher too: tests/test_mine_rescore.py has the rest of it), ``mode=mine`` end to
+end (1 process and ``strategy=ddp devices=2``), and bad input."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from gte_pro.mining.corpus import open_text_store, read_corpus_file
 from gte_pro.mining.embed import mine_texts
 from gte_pro.mining.options import MiningOptions, mining_options
 from gte_pro.mining.problem import build_problem
+from gte_pro.mining.rescore import rescore_window, window_options
 from tests.conftest import REPO, free_port, write_jsonl
 
 # the 2-process test's workers import this module: Lightning and Hydra (gte_pro.train) are imported where used
@@ -218,6 +220,29 @@ def _tiny_encoder(**kwargs):
     return Encoder(packaged_minilm_path(), random_init_config=TINY, max_length=32, **kwargs)
 
 
+# a tiny random cross-encoder whose logits spread over a few units (the default initializer_range gives ~equal ones)
+TEACHER = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+           "initializer_range": 0.5}
+RESCORE = MiningOptions(4, 0, 20, relative_margin=None, absolute_margin=0.1)
+
+
+def tiny_teacher():
+    from gte_pro.models.cross_encoder import CrossEncoder
+    from gte_pro.models.teacher import CrossEncoderTeacher
+
+    torch.manual_seed(0)  # identical weights in every process
+    return CrossEncoderTeacher(CrossEncoder(packaged_minilm_path(), max_length=64, random_init_config=TEACHER))
+
+
+def _rescored(rank: int = 0, world: int = 1):
+    """The texts' window mined by the tiny encoder, judged by the tiny teacher (batches of 8 pairs dealt over the
+    ranks)."""
+    texts = _texts()
+    window = mine_texts(_tiny_encoder(), *texts, window_options(RESCORE), batch_size=4, max_length=32, rank=rank,
+                        world_size=world)
+    return rescore_window(tiny_teacher(), *texts, window, RESCORE, batch_size=8, rank=rank, world_size=world)[0]
+
+
 SHARDED = {"top": MiningOptions(5, 2, 30), "random": MiningOptions(5, 2, 30, sampling="random"),
            "ties": MiningOptions(5, 0, 30, relative_margin=None)}
 
@@ -235,6 +260,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         texts = _texts()
         results["texts"] = mine_texts(_tiny_encoder(), *texts, MiningOptions(5, 0, 20, relative_margin=None),
                                       batch_size=4, max_length=32, rank=rank, world_size=world)
+        results["rescored"] = _rescored(rank, world)
         torch.save({name: vars(r) for name, r in results.items()}, Path(out_dir) / f"{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -246,6 +272,8 @@ def test_two_gloo_processes_mine_exactly_what_one_does(tmp_path: Path):
     expected = {name: vars(_mine(queries, corpus, positives, options)) for name, options in SHARDED.items()}
     expected["texts"] = vars(mine_texts(_tiny_encoder(), *_texts(), MiningOptions(5, 0, 20, relative_margin=None),
                                         batch_size=4, max_length=32))
+    expected["rescored"] = vars(_rescored())
+    assert expected["rescored"]["dropped_false_negatives"] > 0 and (expected["rescored"]["indices"] >= 0).sum() > 20
     # query 3 is document 5, whose copies 7, 200 and 201 tie with it (on both ranks): lower ids first
     assert expected["ties"]["indices"][3, :4].tolist() == [5, 7, 200, 201]
     for rank in range(2):

@@ -18,6 +18,13 @@ from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
+from gte_pro.config.cross_keys import (
+    lr_problems,
+    mix_problems,
+    remine_problems,
+    task_problems,
+    topology_problems,
+)
 from gte_pro.config.rules import (
     FLAG,
     at_least,
@@ -118,6 +125,11 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "mine.batch_size": at_least(1),
     "mine.max_length": at_least(1),
     "mine.max_scores_per_chunk": at_least(1),
+    "mine.rescore_with": lambda v: None if v is None or (isinstance(v, str) and v.strip()) else
+    "expected the teacher's folder or hub name, or null",
+    "mine.rescore_kind": choice(None, "cross-encoder", "embedder"),
+    "mine.rescore_batch_size": at_least(1),
+    "mine.rescore_max_length": at_least(1),
 }
 
 # keys of a node that are not arguments of its target (build_encoder hands model.lr to the optimizer)
@@ -198,72 +210,13 @@ def _source_rules(cfg: DictConfig) -> dict[str, Callable[[Any], str | None]]:
             for key, rule in RULES.items() if key.startswith("data.")}
 
 
-def _mix_problems(cfg: DictConfig) -> list[str]:
-    """Re-mining reads one token cache; a mix has one per source."""
-    remine = OmegaConf.select(cfg, "data.remine", default=None)
-    if OmegaConf.select(cfg, "data._target_", default=None) == "gte_pro.data.mix.MixDataModule" and isinstance(
-            remine, DictConfig) and (remine.get("every_n_epochs") or remine.get("at_start")):
-        return ["data.remine: not supported with data=mix; set data.remine.every_n_epochs=0 "
-                "data.remine.at_start=false"]
-    return []
-
-
-CROSS_ENCODER = "gte_pro.models.cross_encoder.CrossEncoder"
-RERANK_LOSSES = "gte_pro.training.losses_rerank."
-
-
-def _task_problems(cfg: DictConfig) -> list[str]:
-    """task=rerank trains a cross-encoder with a reranking loss, in mode=train; task=embed neither."""
-    task = cfg.get("task", "embed")
-    model = OmegaConf.select(cfg, "model._target_", default=None, throw_on_missing=False)
-    loss = OmegaConf.select(cfg, "loss._target_", default=None, throw_on_missing=False)
-    rerank = task == "rerank"
-    problems = []
-    if isinstance(model, str) and (model == CROSS_ENCODER) != rerank:
-        problems.append(f"model: task={task} trains " + (
-            "a cross-encoder: choose model=reranker_minilm, reranker_tiny, gte_reranker_modernbert, "
-            "gte_multilingual_reranker, bge_reranker_base or cross_encoder model.name_or_path=..." if rerank else
-            f"an embedder, and {model} is a reranker: add task=rerank, or choose an embedder (model=minilm, ...)"))
-    if isinstance(loss, str) and loss.startswith(RERANK_LOSSES) != rerank:
-        problems.append(f"loss: task={task} " + ("needs a reranking loss: loss=listwise or loss=pointwise_bce"
-                                                   if rerank else f"trains an embedder; {loss} is a reranker's loss"))
-    if rerank and cfg.get("mode", "train") != "train":
-        problems.append(f"mode={cfg.get('mode')}: task=rerank runs mode=train (validation reranks eval.retriever's "
-                        "candidates); mode=score scores with a trained reranker")
-    if rerank and OmegaConf.select(cfg, "data.remine.every_n_epochs", default=0):
-        problems.append("data.remine: re-mining refreshes an embedder's negatives; with task=rerank mine them first "
-                        "(mode=mine) and set data.remine.every_n_epochs=0")
-    return problems
-
-
-def _lr_problems(cfg: DictConfig) -> list[str]:
-    """The learning rate has one source of truth, model.lr (sweeps and lr_find set it; the module hands it to the
-    optimizer): an optimizer.lr of another value would be silently replaced."""
-    optimizer_lr = OmegaConf.select(cfg, "optimizer.lr", default=None, throw_on_missing=False)
-    model_lr = OmegaConf.select(cfg, "model.lr", default=None, throw_on_missing=False)
-    if optimizer_lr is None or optimizer_lr == model_lr:
-        return []
-    return [f"optimizer.lr={optimizer_lr!r} differs from model.lr={model_lr!r}: the learning rate is model.lr "
-            f"alone (optimizer.lr follows it); set model.lr={optimizer_lr} instead"]
-
-
-def _topology_problems(cfg: DictConfig) -> list[str]:
-    """``nodes`` is the one source of the node count: the trainer's num_nodes follows it."""
-    nodes = OmegaConf.select(cfg, "nodes", default=None, throw_on_missing=False)
-    num_nodes = OmegaConf.select(cfg, "trainer.num_nodes", default=None, throw_on_missing=False)
-    if nodes is None or num_nodes is None or num_nodes == nodes:
-        return []
-    return [f"trainer.num_nodes={num_nodes!r} differs from nodes={nodes!r}: the node count is `nodes` alone "
-            f"(trainer.num_nodes and hydra.launcher.nodes follow it); set nodes={num_nodes} instead"]
-
-
 def config_problems(cfg: DictConfig) -> list[str]:
     """Every problem of ``cfg`` as one line naming the key, its value and what is valid; [] for a good config."""
     unusable = _unset_or_unresolvable(cfg)
-    problems = _absent_groups(cfg) + list(unusable.values()) + _mix_problems(cfg)
+    problems = _absent_groups(cfg) + list(unusable.values()) + mix_problems(cfg) + remine_problems(cfg)
     if "optimizer.lr" not in unusable and "model.lr" not in unusable:
-        problems += _lr_problems(cfg)
-    problems += _topology_problems(cfg) + _task_problems(cfg)
+        problems += lr_problems(cfg)
+    problems += topology_problems(cfg) + task_problems(cfg)
     for key, rule in {**RULES, **_source_rules(cfg)}.items():
         if key in unusable:
             continue

@@ -1,6 +1,8 @@
 """The options of hard-negative mining (``mine.*``, and ``data.remine`` when re-mining during training):
 ``MiningOptions``, the checks of their values (``option_problems``, named by config key) and building them from a
-config node (``mining_options``). What they mean is ``gte_pro.mining.core``'s docstring."""
+config node (``mining_options``); the teacher that rescores the window (``mine.rescore_*``: ``RescoreOptions``,
+``rescore_options``, ``teacher_margin_problems``). What they mean is ``gte_pro.mining.core``'s docstring and
+``gte_pro.mining.rescore``'s."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any
 from gte_pro.errors import ConfigError
 
 SAMPLING = ("top", "random")
+TEACHER_KINDS = ("cross-encoder", "embedder")
 
 
 @dataclass(frozen=True)
@@ -78,3 +81,56 @@ def mining_options(cfg_node: Any, seed: int, where: str = "mine") -> MiningOptio
     values["seed"] = seed
     check_options(values, where)
     return MiningOptions(**values)
+
+
+# --- the teacher (mine.rescore_with) ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RescoreOptions:
+    name_or_path: str  # the teacher: a task=rerank export, a cross-encoder or an embedder (folder or hub name)
+    kind: str | None = None  # cross-encoder | embedder; None: the folder's config.json says (load_teacher)
+    batch_size: int = 64  # pairs per teacher batch
+    max_length: int = 512  # the teacher's truncation (of the joined pair for a cross-encoder)
+
+
+def rescore_problems(values: Mapping[str, Any], where: str = "mine") -> list[str]:
+    """Every bad value among the ``rescore_*`` keys of ``values``, one line each naming ``<where>.<key>``."""
+    problems = []
+    teacher = values.get("rescore_with")
+    if teacher is not None and not (isinstance(teacher, str) and teacher.strip()):
+        problems.append(f"{where}.rescore_with={teacher!r}: expected the teacher's folder or hub name (a task=rerank "
+                        "export, a cross-encoder or an embedder), or null for no rescoring")
+    kind = values.get("rescore_kind")
+    if kind is not None and kind not in TEACHER_KINDS:
+        problems.append(f"{where}.rescore_kind={kind!r}: valid choices: null (the teacher's config.json says), "
+                        f"{', '.join(TEACHER_KINDS)}")
+    for key in ("rescore_batch_size", "rescore_max_length"):
+        if values.get(key) is not None and not (_is_int(values[key]) and values[key] >= 1):
+            problems.append(f"{where}.{key}={values[key]!r}: expected an integer >= 1")
+    return problems
+
+
+def rescore_options(cfg_node: Any, where: str = "mine") -> RescoreOptions | None:
+    """The teacher's settings of a config node (``rescore_with``, ``rescore_kind``, ``rescore_batch_size``,
+    ``rescore_max_length``), or None when ``rescore_with`` is unset; bad values raise ConfigError."""
+    values = {key: cfg_node[key] for key in ("rescore_with", "rescore_kind", "rescore_batch_size",
+                                            "rescore_max_length") if key in cfg_node}
+    if problems := rescore_problems(values, where):
+        raise ConfigError("invalid mining options:\n  " + "\n  ".join(problems))
+    if values.get("rescore_with") is None:
+        return None
+    defaults = RescoreOptions("")
+    return RescoreOptions(str(values["rescore_with"]), values.get("rescore_kind"),
+                          int(values.get("rescore_batch_size") or defaults.batch_size),
+                          int(values.get("rescore_max_length") or defaults.max_length))
+
+
+def teacher_margin_problems(options: MiningOptions, kind: str, where: str = "mine") -> list[str]:
+    """The margins apply to the teacher's scores when it rescores: a relative margin is a fraction of the
+    positive's score, which a cross-encoder's logit does not have (no zero point, often negative)."""
+    if kind == "cross-encoder" and options.relative_margin is not None:
+        return [f"{where}.relative_margin={options.relative_margin}: with {where}.rescore_with the margins apply to "
+                "the teacher's scores, and a cross-encoder's are logits, of which a fraction means nothing (a logit "
+                f"has no zero point and is often negative): set {where}.relative_margin=null, and give a margin in "
+                f"logits with {where}.absolute_margin=<m> (a candidate scoring at or above the positive is dropped "
+                "in any case)"]
+    return []

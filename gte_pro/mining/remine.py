@@ -148,6 +148,9 @@ def remine_callback(cfg: Any, output_dir: Path) -> RemineNegatives | None:
     from gte_pro.mining.options import mining_options
 
     mine = cfg.get("mine") or {}
+    if mine.get("rescore_with"):  # check_config says so first; this guards a config built without it
+        raise ConfigError(f"mine.rescore_with={mine.get('rescore_with')!r}: not supported with data.remine (re-mining "
+                          "during training mines with the embedder alone); set mine.rescore_with=null")
     return RemineNegatives(output_dir / "negatives", mining_options(mine, cfg.seed), every, at_start,
                            batch_size=int(mine.get("batch_size") or cfg.data.eval_batch_size),
                            max_length=int(mine.get("max_length") or cfg.data.max_length))

@@ -1,5 +1,7 @@
 """What ``mode=mine`` writes (rank 0, each file atomically): the mined training file, ``mine_report.json`` +
-``mine_report.md`` and ``mine_scores.png`` (positive vs mined-negative scores)."""
+``mine_report.md`` and ``mine_scores.png`` (positive vs mined-negative scores). With a teacher
+(``mine.rescore_with``, ``gte_pro.mining.rescore``) every row carries its teacher scores (``pos_scores``,
+``neg_scores``), the scores reported and plotted are the teacher's, and the report says what it dropped."""
 
 from __future__ import annotations
 
@@ -7,21 +9,33 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from gte_pro.mining.core import MinedNegatives
 from gte_pro.mining.problem import MiningProblem
+from gte_pro.mining.rescore import Rescored
 from gte_pro.utils.files import write_atomic, write_json_atomic, write_text_atomic
 from gte_pro.utils.tables import markdown_table
 
 
-def mined_rows(problem: MiningProblem, mined: MinedNegatives) -> list[dict[str, Any]]:
+def mined_rows(problem: MiningProblem, mined: MinedNegatives, rescored: Rescored | None = None
+               ) -> list[dict[str, Any]]:
     """One row per training row in the project's layout, its own negatives replaced by the mined ones; then the
-    hash-split validation rows as they were (see ``MiningProblem.held_out``)."""
+    hash-split validation rows as they were (see ``MiningProblem.held_out``). With ``rescored``, each row's teacher
+    scores too (the held-out rows' of their own texts): FlagEmbedding's ``pos_scores`` and ``neg_scores``."""
     negatives = [[problem.corpus[i] for i in row if i >= 0] for row in mined.indices.tolist()]
     rows = [{"query": problem.queries[query], "positive": [problem.corpus[i] for i in positives],
              "negatives": negatives[query]} for query, positives in problem.rows]
-    return rows + [{"query": ex.query, "positive": ex.positives, "negatives": ex.negatives} for ex in problem.held_out]
+    held = [{"query": ex.query, "positive": ex.positives, "negatives": ex.negatives} for ex in problem.held_out]
+    if rescored is not None:
+        neg_scores = [[s for s in row if s == s] for row in mined.scores.tolist()]  # nan pads left out
+        for row, (query, positives) in zip(rows, problem.rows, strict=True):
+            of = dict(zip(problem.positives[query], rescored.positive_scores[query], strict=True))
+            row["pos_scores"], row["neg_scores"] = [of[i] for i in positives], neg_scores[query]
+        for row, (pos_scores, row_neg_scores) in zip(held, rescored.held_out_scores, strict=True):
+            row["pos_scores"], row["neg_scores"] = pos_scores, row_neg_scores
+    return rows + held
 
 
 def write_mined(path: Path, rows: list[dict[str, Any]]) -> Path:
@@ -33,6 +47,26 @@ def write_mined(path: Path, rows: list[dict[str, Any]]) -> Path:
     return write_atomic(path, fill)
 
 
+def _per_query(values: torch.Tensor) -> dict[str, float]:
+    """mean and quantiles of a count per query (numpy: torch.quantile refuses more than 2^24 values)."""
+    counts = values.cpu().double().numpy()
+    if counts.size == 0:
+        return {"mean": 0.0, "min": 0.0, "median": 0.0, "p90": 0.0, "max": 0.0}
+    low, median, p90, high = (float(v) for v in np.quantile(counts, [0.0, 0.5, 0.9, 1.0]))
+    return {"mean": round(float(counts.mean()), 3), "min": low, "median": median, "p90": round(p90, 3), "max": high}
+
+
+def rescore_summary(rescored: Rescored) -> dict[str, Any]:
+    """What the teacher did: pairs scored, seconds, candidates judged and dropped (in all and per query)."""
+    judged = int(rescored.judged_per_query.sum())
+    dropped = int(rescored.dropped_per_query.sum())
+    rate = rescored.pairs / max(rescored.seconds, 1e-9)
+    return {"teacher": rescored.teacher, "kind": rescored.kind, "pairs_scored": rescored.pairs,
+            "seconds": round(rescored.seconds, 3), "pairs_per_s": round(rate, 1),
+            "candidates_judged": judged, "dropped": dropped, "dropped_share": round(dropped / max(judged, 1), 4),
+            "dropped_per_query": _per_query(rescored.dropped_per_query)}
+
+
 def _quantiles(values: torch.Tensor) -> dict[str, float | None]:
     values = values[~torch.isnan(values)].float()
     if values.numel() == 0:
@@ -42,7 +76,7 @@ def _quantiles(values: torch.Tensor) -> dict[str, float | None]:
 
 
 def mine_summary(problem: MiningProblem, mined: MinedNegatives, rows: list[dict[str, Any]],
-                 details: dict[str, Any]) -> dict[str, Any]:
+                 details: dict[str, Any], rescored: Rescored | None = None) -> dict[str, Any]:
     """The numbers of the report: rows, negatives per row, short rows, dropped candidates, scores, timing."""
     counts = [len(row["negatives"]) for row in rows[: len(problem.rows)]]
     wanted = int(mined.indices.shape[1])
@@ -59,9 +93,11 @@ def mine_summary(problem: MiningProblem, mined: MinedNegatives, rows: list[dict[
         "rows_short_of_num_negatives": sum(n < wanted for n in counts),
         "dropped_false_negatives": mined.dropped_false_negatives,
         "dropped_share_of_window": round(mined.dropped_false_negatives / max(candidates, 1), 4),
+        "scores": "cosine" if rescored is None else f"teacher ({rescored.kind})",
         "positive_scores": _quantiles(mined.positive_scores),
         "negative_scores": _quantiles(mined.scores.flatten()),
         **details,
+        "rescore": None if rescored is None else rescore_summary(rescored),
     }
 
 
@@ -77,14 +113,25 @@ def summary_markdown(summary: dict[str, Any], files: dict[str, Path]) -> str:
              ["positive / negative score (median)", f"{summary['positive_scores']['median']} / "
               f"{summary['negative_scores']['median']}"],
              ["seconds (texts/s)", f"{summary['seconds']} ({summary['texts_per_s']})"]]
+    if rescore := summary.get("rescore"):
+        per_query = rescore["dropped_per_query"]
+        lines[5] = ["candidates dropped by the teacher (at or above the positive, or by a margin)",
+                    f"{rescore['dropped']} ({100 * rescore['dropped_share']:.1f}% of the "
+                    f"{rescore['candidates_judged']} it judged)"]
+        lines += [["teacher", f"`{rescore['teacher']}` ({rescore['kind']})"],
+                  ["dropped per query: mean / median / p90 / max", f"{per_query['mean']} / {per_query['median']} / "
+                   f"{per_query['p90']} / {per_query['max']}"],
+                  ["rescoring seconds (pairs/s)", f"{rescore['seconds']} ({rescore['pairs_per_s']}, "
+                   f"{rescore['pairs_scored']} pairs)"]]
     where = "\n".join(f"- {name}: `{path}`" for name, path in files.items())
     where += f"\n\ntrain on it: `{train_command(files['mined'], summary)}`"
     return (f"# Hard-negative mining\n\nmodel `{summary['model']}`, {summary['world_size']} process(es), options "
             f"`{json.dumps(summary['options'])}`\n\n" + markdown_table(["", "value"], lines) + f"\n{where}\n")
 
 
-def plot_scores(path: Path, mined: MinedNegatives) -> Path:
-    """Histogram of the queries' positive scores and the mined negatives' scores (matplotlib, headless)."""
+def plot_scores(path: Path, mined: MinedNegatives, teacher_kind: str | None = None) -> Path:
+    """Histogram of the queries' positive scores and the mined negatives' scores (matplotlib, headless): cosine
+    scores, or with ``teacher_kind`` the teacher's (a cross-encoder's logits have no upper bound)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -95,11 +142,12 @@ def plot_scores(path: Path, mined: MinedNegatives) -> Path:
     figure, axes = plt.subplots(figsize=(7, 4))
     values = [v for v in (positive, negative) if len(v)]
     low = min((float(v.min()) for v in values), default=-1.0)
-    bins = [low + (1.0 - low) * i / 50 for i in range(51)] if low < 1.0 else 50
+    high = 1.0 if teacher_kind is None else max((float(v.max()) for v in values), default=1.0)
+    bins = [low + (high - low) * i / 50 for i in range(51)] if low < high else 50
     for scores, label in ((negative, "mined negatives"), (positive, "positives")):
         if len(scores):  # an empty histogram with density=True divides by zero
             axes.hist(scores, bins=bins, alpha=0.6, density=True, label=f"{label} ({len(scores)})")
-    axes.set_xlabel("cosine score to the query")
+    axes.set_xlabel("cosine score to the query" if teacher_kind is None else f"the teacher's score ({teacher_kind})")
     axes.set_ylabel("density")
     if values:
         axes.legend()
@@ -115,21 +163,23 @@ def train_command(output: Path, summary: dict[str, Any]) -> str:
     command = f"python train.py data=jsonl data.train_file={output} data.num_negatives={summary['num_negatives']}"
     if summary["held_out_rows_copied"]:
         command += f" data.val_fraction={summary['val_fraction']}"
+    if summary.get("rescore"):  # the rows carry the teacher's pos_scores/neg_scores: distill from them
+        command += " loss=distill_kl"
     return command
 
 
 def write_mine_outputs(output: Path, run_dir: Path, problem: MiningProblem, mined: MinedNegatives,
-                       details: dict[str, Any]) -> dict[str, Any]:
+                       details: dict[str, Any], rescored: Rescored | None = None) -> dict[str, Any]:
     """Write the mined file, the report (json + md) and the plot; print where they are; return the summary."""
-    rows = mined_rows(problem, mined)
+    rows = mined_rows(problem, mined, rescored)
     write_mined(output, rows)
-    summary = mine_summary(problem, mined, rows, details)
+    summary = mine_summary(problem, mined, rows, details, rescored)
     files = {"mined": output, "report": run_dir / "mine_report.json", "table": run_dir / "mine_report.md",
              "plot": run_dir / "mine_scores.png"}
     summary["files"] = {name: str(path) for name, path in files.items()}
     write_json_atomic(files["report"], summary)
     write_text_atomic(files["table"], summary_markdown(summary, files))
-    plot_scores(files["plot"], mined)
+    plot_scores(files["plot"], mined, None if rescored is None else rescored.kind)
     print("\n".join(f"{name + ':':8} {path}" for name, path in files.items()))
     print(f"train on it: {train_command(output, summary)}")
     return summary

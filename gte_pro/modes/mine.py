@@ -11,6 +11,9 @@ or split, pass it again (``data.val_file=...``). Like evaluation,
 the run goes through the project's trainer, so ``strategy=ddp devices=N`` starts N processes: each embeds 1/N of
 the texts, the corpus stays sharded, and the output is the same file one process writes (``gte_pro.mining.core``).
 
+With ``mine.rescore_with=<teacher>`` the embedder's window is judged by a teacher (``gte_pro.mining.rescore``):
+every rank loads it, scores its share of the pairs, and the file carries the teacher's ``pos_scores``/``neg_scores``.
+
 Writes (rank 0) ``mine.output`` (default ``<run dir>/mined.jsonl``), ``mine_report.json``, ``mine_report.md`` and
 ``mine_scores.png`` in the run folder.
 """
@@ -28,13 +31,22 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
+from gte_pro.errors import ConfigError
 from gte_pro.mining.core import MinedNegatives
 from gte_pro.mining.corpus import TextStore, ensure_text_store
 from gte_pro.mining.embed import mine_texts
-from gte_pro.mining.options import MiningOptions, mining_options
+from gte_pro.mining.options import (
+    MiningOptions,
+    RescoreOptions,
+    mining_options,
+    rescore_options,
+    teacher_margin_problems,
+)
 from gte_pro.mining.problem import MiningProblem, build_problem, corpus_files_setting, hash_held_out_rows
 from gte_pro.mining.report import write_mine_outputs
+from gte_pro.mining.rescore import Rescored, rescore_window, window_options
 from gte_pro.models.encoder import Encoder
+from gte_pro.models.teacher import Teacher, load_teacher
 from gte_pro.modes.build import build_datamodule, build_encoder, build_trainer, start_run
 from gte_pro.utils.timing import peak_rss_mb_per_rank
 
@@ -76,15 +88,19 @@ class MiningData(LightningDataModule):
 
 
 class MiningModule(LightningModule):
-    """Runs ``mine_texts`` on every rank once the process group exists and the encoder is on its device."""
+    """Runs ``mine_texts`` on every rank once the process group exists and the encoder is on its device; with a
+    teacher, the embedder mines the window and the teacher judges it (``rescore_window``)."""
 
-    def __init__(self, encoder: Encoder, options: MiningOptions, batch_size: int, max_length: int) -> None:
+    def __init__(self, encoder: Encoder, options: MiningOptions, batch_size: int, max_length: int,
+                 teacher: Teacher | None = None, rescore: RescoreOptions | None = None) -> None:
         super().__init__()
         self.encoder = encoder
         self.options = options
         self.batch_size = batch_size
         self.max_length = max_length
+        self.teacher, self.rescore = teacher, rescore  # a plain attribute: moved to the device by the hook
         self.mined: MinedNegatives | None = None
+        self.rescored: Rescored | None = None
         self.timings: dict[str, float] = {}
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
@@ -93,15 +109,29 @@ class MiningModule(LightningModule):
     def on_validation_epoch_end(self) -> None:
         problem = self.trainer.datamodule.problem
         # the trainer's precision for the encoder; the scores themselves are float32 (mine_negatives)
-        self.mined = mine_texts(self.encoder, problem.queries, problem.corpus, problem.positives, self.options,
+        options = self.options if self.teacher is None else window_options(self.options)
+        self.mined = mine_texts(self.encoder, problem.queries, problem.corpus, problem.positives, options,
                                 self.batch_size, self.max_length, self.global_rank, self.trainer.world_size,
                                 self.trainer.precision_plugin.forward_context, self.timings)
+        if self.teacher is not None and self.rescore is not None:
+            self.mined, self.rescored = rescore_window(
+                self.teacher.to(self.device), problem.queries, problem.corpus, problem.positives, self.mined,
+                self.options, self.rescore.batch_size, self.global_rank, self.trainer.world_size, self.device,
+                problem.held_out)
+            self.timings["rescore_s"] = self.rescored.seconds
 
 
 def mine(cfg: DictConfig) -> None:
     """Mine as ``cfg.mine`` says; rank 0 writes the mined file, the report and the plot."""
     output_dir = start_run(cfg)
     options = mining_options(cfg.mine, cfg.seed)
+    rescore = rescore_options(cfg.mine)
+    teacher = None
+    if rescore is not None:  # loaded before the corpus is embedded: a wrong path or margin fails at once
+        teacher = load_teacher(rescore.name_or_path, rescore.max_length,
+                               bool(OmegaConf.select(cfg, "model.trust_remote_code", default=False)), rescore.kind)
+        if problems := teacher_margin_problems(options, teacher.kind):
+            raise ConfigError("invalid mining options:\n  " + "\n  ".join(problems))
     corpus_files = corpus_files_setting(OmegaConf.to_container(cfg.mine, resolve=True).get("corpus_files"))
     output = Path(cfg.mine.output).expanduser() if cfg.mine.get("output") else output_dir / "mined.jsonl"
     encoder = build_encoder(cfg)
@@ -110,7 +140,7 @@ def mine(cfg: DictConfig) -> None:
     store_folder = partial(ensure_text_store, corpus_files, encoder.tokenizer, int(cfg.mine.max_length),
                            encoder.doc_prefix, cache_dir) if corpus_files else None
     data = MiningData(source, store_folder, int(getattr(source, "min_doc_chars", 0) or 0))
-    module = MiningModule(encoder, options, int(cfg.mine.batch_size), int(cfg.mine.max_length))
+    module = MiningModule(encoder, options, int(cfg.mine.batch_size), int(cfg.mine.max_length), teacher, rescore)
     trainer = build_trainer(cfg, callbacks=[], loggers=[])  # nothing is trained: no checkpoints, no loggers
     start = time.perf_counter()
     trainer.validate(module, datamodule=data, verbose=False)
@@ -126,4 +156,6 @@ def mine(cfg: DictConfig) -> None:
                    "seconds": round(seconds, 3), "texts_per_s": round(texts / max(seconds, 1e-9), 1),
                    "peak_rss_mb_per_rank": [round(mb, 1) for mb in peaks],
                    **{name: round(value, 3) for name, value in module.timings.items()}}
-        write_mine_outputs(output, output_dir, data.problem, module.mined, details)
+        if rescore is not None:
+            details["rescore_options"] = vars(rescore)
+        write_mine_outputs(output, output_dir, data.problem, module.mined, details, module.rescored)

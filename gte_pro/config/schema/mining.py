@@ -33,3 +33,13 @@ class MineSchema:
     output: str | None = None
     # bounds the (queries x corpus) block of scores held in memory at once (entries; 2^24 = 64 MB of float32)
     max_scores_per_chunk: int = 2**24
+    # a teacher that judges the window: each query's candidates [range_min, range_max) by the embedder are rescored
+    # by it, a candidate it scores at or above the query's (lowest) positive is dropped, the margins and max_score
+    # apply to its scores, and its scores are written as pos_scores/neg_scores (loss=distill_kl trains on them).
+    # A task=rerank export, a cross-encoder or an embedder (folder or hub name); null: no rescoring. mode=mine only
+    rescore_with: str | None = None
+    # cross-encoder | embedder; null: a folder's config.json says (*ForSequenceClassification: a cross-encoder)
+    rescore_kind: str | None = None
+    # (query, document) pairs per teacher batch, and the teacher's truncation
+    rescore_batch_size: int = 64
+    rescore_max_length: int = 512

@@ -1,0 +1,180 @@
+"""Rescoring the mining window with a teacher: ``mode=mine mine.rescore_with=<teacher>``.
+
+The embedder proposes, the teacher judges. The embedder ranks the corpus as without a teacher and hands over each
+query's whole window [range_min, range_max) (no margin applied to its cosine scores: ``window_options``). The teacher
+(``gte_pro.models.teacher``: a cross-encoder's logit, or an embedder's similarity) scores every (query, candidate)
+pair and every (query, positive) pair. Then, on the teacher's scores:
+
+- a candidate the teacher scores at or above the query's positive is dropped, always; with several positives the
+  lowest positive score is the bar (it drops more than the highest would: the safe side against false negatives);
+- the margins drop more, on the teacher's scale: ``absolute_margin`` (above pos - m), ``max_score`` (above it),
+  ``relative_margin`` (above pos - |pos| x m: for an embedder teacher only; a cross-encoder's logits have no zero
+  point, so the run refuses it: ``gte_pro.mining.options.teacher_margin_problems``). A query without a positive
+  (none survived cleaning) drops nothing;
+- ``num_negatives`` survivors are kept: ``sampling=top`` the highest teacher scores (the hardest by the better
+  judge; equal scores by embedder rank), ``sampling=random`` a uniform draw (keys of (seed, query, embedder rank));
+  kept negatives are written best first by teacher score, with the teacher's scores as ``neg_scores`` and those of
+  the row's positives as ``pos_scores`` (FlagEmbedding's layout: ``loss=distill_kl`` trains on the file).
+
+Sharding. The pairs are sorted by characters (longest first, then pair order) and cut into batches of
+``rescore_batch_size``; rank r scores batches r, r + W, ... (one ``teacher.score`` call a batch), and the scores are
+gathered to every rank. A pair is scored in the same batch whatever the number of ranks, so its float32 score, and
+with it the mined file, does not depend on the world size. The teacher runs in float32 (its weights' dtype), outside
+the trainer's autocast.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from gte_pro.mining.core import MinedNegatives, _mix, _too_close
+from gte_pro.mining.options import MiningOptions
+from gte_pro.mining.problem import MiningCorpus
+from gte_pro.models.teacher import Teacher
+from gte_pro.retrieval import all_gather_rows
+from gte_pro.utils.progress import Progress
+
+
+def window_options(options: MiningOptions) -> MiningOptions:
+    """What the embedder mines for the teacher: every candidate of the window, best first, no margin."""
+    return replace(options, num_negatives=options.range_max - options.range_min, sampling="top",
+                   relative_margin=None, absolute_margin=None, max_score=None)
+
+
+@dataclass
+class Rescored:
+    teacher: str
+    kind: str
+    positive_scores: list[list[float]]  # per query: the teacher's score of each of its positives (problem order)
+    held_out_scores: list[tuple[list[float], list[float]]]  # per held-out row: (pos_scores, neg_scores)
+    judged_per_query: torch.Tensor  # (Q,) window candidates the teacher scored
+    dropped_per_query: torch.Tensor  # (Q,) of those, dropped (at or above the positive, or by a margin)
+    pairs: int  # pairs scored in all: positives, window candidates, held-out rows' texts
+    seconds: float
+
+
+# --- selection -----------------------------------------------------------------------------------------------------
+def select_rescored(ids: torch.Tensor, scores: torch.Tensor, positive: torch.Tensor, options: MiningOptions,
+                    first_row: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """From each query's window ``ids`` (Q, W) in embedder order (-1: no candidate), the teacher's ``scores`` of
+    them (Q, W) and of its positive ``positive`` (Q,) (nan: none): (indices, teacher scores) of the kept negatives,
+    (Q, num_negatives) best first (-1 / nan pad), and how many candidates each query dropped (Q,)."""
+    valid = ids >= 0
+    drop = valid & ((scores >= positive[:, None]) | _too_close(scores, positive, options))
+    survivor = valid & ~drop
+    # each column's place in the teacher's order: highest score first, equal scores by embedder rank (stable)
+    by_teacher = torch.sort(torch.where(valid, -scores, math.inf), dim=1, stable=True).indices
+    columns = torch.arange(ids.shape[1]).expand_as(ids)
+    place = torch.empty_like(by_teacher).scatter_(1, by_teacher, columns)
+    if options.sampling == "random":  # a uniform draw: the survivors with the smallest keys of (seed, query, rank)
+        queries = torch.arange(first_row, first_row + ids.shape[0])[:, None]
+        key = _mix(_mix(_mix(torch.full_like(queries, options.seed)) + queries) + columns)
+    else:
+        key = place
+    key = torch.where(survivor, key, torch.iinfo(torch.long).max)
+    take = min(options.num_negatives, ids.shape[1])
+    chosen = torch.sort(key, dim=1, stable=True).indices[:, :take]
+    kept = survivor.gather(1, chosen)
+    # best first by teacher score, then the padding
+    order = torch.where(kept, place.gather(1, chosen), place.gather(1, chosen) + ids.shape[1])
+    chosen = chosen.gather(1, torch.sort(order, dim=1).indices)
+    kept = survivor.gather(1, chosen)
+    out_ids = torch.full((ids.shape[0], options.num_negatives), -1, dtype=torch.long)
+    out_scores = torch.full(out_ids.shape, math.nan)
+    out_ids[:, :take] = torch.where(kept, ids.gather(1, chosen), -1)
+    out_scores[:, :take] = torch.where(kept, scores.gather(1, chosen), math.nan)
+    return out_ids, out_scores, drop.sum(1)
+
+
+# --- scoring, sharded ----------------------------------------------------------------------------------------------
+def score_pairs(teacher: Teacher, pair_texts: Callable[[np.ndarray], tuple[list[str], list[str]]], chars: np.ndarray,
+                batch_size: int, rank: int = 0, world_size: int = 1, device: Any = "cpu") -> torch.Tensor:
+    """The teacher's score of every pair (n,) float32 on the CPU, on every rank (collective under
+    torch.distributed). ``pair_texts(indices)``: (queries, documents) of those pairs; ``chars``: each pair's
+    length, which orders the batches (see the module doc)."""
+    order = np.lexsort((np.arange(len(chars)), -np.asarray(chars, dtype=np.int64)))
+    batches = [order[start : start + batch_size] for start in range(rank * batch_size, len(order),
+                                                                    world_size * batch_size)]
+    count = sum(map(len, batches))
+    note = f" (rank 0's share of {world_size} ranks)" if world_size > 1 else ""
+    progress = Progress("rescoring with the teacher", count, unit="pairs", quiet=rank != 0, note=note)
+    local, done = torch.empty(count), 0
+    for batch in batches:
+        queries, docs = pair_texts(batch)
+        local[done : done + len(batch)] = teacher.score(queries, docs, batch_size=len(batch)).float().cpu()
+        done += len(batch)
+        progress.update(done)
+    progress.finish()
+    index = torch.from_numpy(np.concatenate(batches) if batches else np.empty(0, dtype=np.int64))
+    values, _ = all_gather_rows(local.to(device))
+    where, _ = all_gather_rows(index.to(device))
+    out = torch.full((len(chars),), math.nan)
+    out[where.cpu()] = values.cpu()
+    if len(where) != len(chars) or not bool(torch.isfinite(out).all()):
+        raise RuntimeError(f"rescoring: {int(torch.isfinite(out).sum())} of {len(chars)} pairs have a finite "
+                           f"teacher score: a rank's share is missing or {teacher.name_or_path} returned nan/inf")
+    return out
+
+
+def corpus_chars(corpus: Sequence[str]) -> np.ndarray:
+    """Each document's length in characters, without reading a store's texts (its prefix taken off)."""
+    if isinstance(corpus, MiningCorpus) and corpus.store is not None:
+        prefix = len(corpus.store.meta["doc_prefix"])
+        return np.concatenate([np.fromiter(map(len, corpus.texts), dtype=np.int64, count=len(corpus.texts)),
+                               corpus.store.chars[corpus.rows].astype(np.int64) - prefix])
+    return np.fromiter(map(len, corpus), dtype=np.int64, count=len(corpus))
+
+
+def rescore_window(teacher: Teacher, queries: Sequence[str], corpus: Sequence[str],
+                   positives: Sequence[Sequence[int]], window: MinedNegatives, options: MiningOptions,
+                   batch_size: int, rank: int = 0, world_size: int = 1, device: Any = "cpu",
+                   held_out: Sequence[Any] = ()) -> tuple[MinedNegatives, Rescored]:
+    """The teacher's judgement of ``window`` (the embedder's candidates, ``window_options``): the kept negatives
+    with the teacher's scores (``MinedNegatives``: ``positive_scores`` the lowest positive teacher score a query,
+    ``dropped_false_negatives`` the teacher's drops) and what the report and the file need (``Rescored``).
+    ``held_out``: rows (``query``, ``positives``, ``negatives``) whose own texts are scored too, so that the whole
+    mined file carries teacher scores. Collective under torch.distributed; every rank gets the same result."""
+    start = time.perf_counter()
+    ids = window.indices.cpu()
+    counts = [len(p) for p in positives]
+    pos_query = np.repeat(np.arange(len(positives), dtype=np.int64), counts)
+    pos_doc = np.fromiter((d for p in positives for d in p), dtype=np.int64, count=sum(counts))
+    win_row, win_col = (t.numpy() for t in torch.nonzero(ids >= 0, as_tuple=True))
+    query_of = np.concatenate([pos_query, win_row])
+    doc_of = np.concatenate([pos_doc, ids[win_row, win_col].numpy()])
+    held_query = [ex.query for ex in held_out for _ in (*ex.positives, *ex.negatives)]
+    held_doc = [doc for ex in held_out for doc in (*ex.positives, *ex.negatives)]
+    query_chars = np.fromiter(map(len, queries), dtype=np.int64, count=len(queries))
+    chars = np.concatenate([query_chars[query_of] + corpus_chars(corpus)[doc_of],
+                            np.asarray([len(q) + len(d) for q, d in zip(held_query, held_doc, strict=True)],
+                                       dtype=np.int64)])
+    mined_pairs = len(query_of)
+
+    def pair_texts(batch: np.ndarray) -> tuple[list[str], list[str]]:
+        pairs = [(queries[query_of[i]], corpus[int(doc_of[i])]) if i < mined_pairs
+                 else (held_query[i - mined_pairs], held_doc[i - mined_pairs]) for i in batch.tolist()]
+        return [q for q, _ in pairs], [d for _, d in pairs]
+
+    scores = score_pairs(teacher, pair_texts, chars, batch_size, rank, world_size, device)
+    positive = torch.full((len(queries),), math.inf).scatter_reduce(
+        0, torch.from_numpy(pos_query), scores[: len(pos_query)], reduce="amin")
+    positive = torch.where(torch.isinf(positive), math.nan, positive)
+    judged = torch.full(ids.shape, math.nan)
+    judged[torch.from_numpy(win_row), torch.from_numpy(win_col)] = scores[len(pos_query) : mined_pairs]
+    out_ids, out_scores, dropped = select_rescored(ids, judged, positive, options)
+    per_query = scores[: len(pos_query)].split(counts)
+    held, offset = [], mined_pairs
+    for ex in held_out:
+        n, k = len(ex.positives), len(ex.negatives)
+        held.append((scores[offset : offset + n].tolist(), scores[offset + n : offset + n + k].tolist()))
+        offset += n + k
+    mined = MinedNegatives(out_ids, out_scores, positive, int(dropped.sum()), int((out_ids < 0).any(1).sum()))
+    return mined, Rescored(teacher.name_or_path, teacher.kind, [s.tolist() for s in per_query], held,
+                           (ids >= 0).sum(1), dropped, len(chars), time.perf_counter() - start)
