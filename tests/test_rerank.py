@@ -183,7 +183,8 @@ def _rerank_run(retriever: str) -> list[str]:
             "data.num_negatives=3"]
 
 
-def test_a_reranker_trains_validates_and_exports_what_it_scores(make_cfg, tmp_path: Path, retriever_folder: str):
+def test_a_reranker_trains_validates_and_exports_what_it_scores(make_cfg, tmp_path: Path, retriever_folder: str,
+                                                                capsys):
     from sentence_transformers import CrossEncoder as STCrossEncoder
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -193,6 +194,10 @@ def test_a_reranker_trains_validates_and_exports_what_it_scores(make_cfg, tmp_pa
     value = train(make_cfg([*_rerank_run(retriever_folder), "logger=csv"], output_dir=out))
     metrics = json.loads((out / "metrics.json").read_text())
     assert value == pytest.approx(metrics["val"]["val/ndcg@10"]) and metrics["global_step"] == 4
+    # the handoff to the recipe's next step names this run's export
+    printed = capsys.readouterr().out
+    assert f"mode=score data=jsonl data.train_file=<train.jsonl> score.teacher={out / 'model'}" in printed
+    assert f"mine.rescore_with={out / 'model'}" in printed
     for prefix in ("val/", "val/retriever/"):
         assert {f"{prefix}{m}" for m in ("ndcg@10", "mrr@10", "recall@1", "recall@10", "recall@100",
                                          "map@100")} <= set(metrics["val"])

@@ -39,6 +39,7 @@ from gte_pro.modes.build import (
     instantiate_dict,
     start_run,
 )
+from gte_pro.modes.handoff import after_reranker
 from gte_pro.training.base_module import TrainingModule
 from gte_pro.training.callbacks import Throughput, ValidationRecord
 from gte_pro.utils.files import remove_stale_temporaries, write_json_atomic
@@ -283,3 +284,5 @@ def _export_and_record(run: Run, summary: dict[str, Any]) -> None:
     write_json_atomic(output_dir / "metrics.json", summary)
     print(f"\n{times.line()}\n\n{metrics_table(summary['val'], summary['val_before'])}\n"
           f"metrics: {output_dir / 'metrics.json'}\nmodel:   {model_dir}")
+    if reranker:
+        print(after_reranker(cfg, model_dir))
