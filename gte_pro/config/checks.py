@@ -48,7 +48,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "seed": lambda v: integer(0)(v) or (None if v <= 2**32 - 1 else "expected an integer <= 4294967295"),
     "devices": devices_value,
     "nodes": integer(1),
-    "mode": choice("train", "eval", "mine"),
+    "mode": choice("train", "eval", "mine", "score"),
     "lr_find": FLAG,
     "lr_find_steps": integer(1),
     "matmul_precision": choice("highest", "high", "medium"),
@@ -114,6 +114,12 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "mine.batch_size": at_least(1),
     "mine.max_length": at_least(1),
     "mine.max_scores_per_chunk": at_least(1),
+    # teacher scores (mode=score); score.teacher and score.input are checked when mode=score runs
+    "score.teacher_kind": choice("cross-encoder", "embedder", None),
+    "score.trust_remote_code": FLAG,
+    "score.batch_size": at_least(1),
+    "score.max_length": at_least(1),
+    "score.shard_rows": at_least(1),
 }
 
 # keys of a node that are not arguments of its target (build_encoder hands model.lr to the optimizer)
