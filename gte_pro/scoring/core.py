@@ -134,7 +134,7 @@ def score_rank(teacher: Teacher, path: str | Path, shard_rows: int, batch_size: 
             raise DataError(f"{path}: changed while it was being scored (rows from line {shard.rows[0].line})",
                             hint="score a file that nothing writes to while it runs")
         lines, stats = score_shard(teacher, shard, batch_size, str(path), context)
-        shards.write(shard.index, plan.digests[shard.index], lines, stats)
+        shards.write(shard.index, plan.digests[shard.index], lines, {**stats, "rank": rank, "world_size": world_size})
         pairs += stats["pairs"]
         done += 1
         pending.discard(shard.index)
@@ -148,7 +148,7 @@ def score_rank(teacher: Teacher, path: str | Path, shard_rows: int, batch_size: 
     return {"pairs": pairs, "seconds": time.perf_counter() - start}
 
 
-def quantiles(values: list[float]) -> dict[str, float | int | None]:
+def quantiles(values: Any) -> dict[str, float | int | None]:
     """count, mean and quantiles of a list of scores (None where it is empty)."""
     array = np.asarray(values, dtype=np.float64)
     names = {"min": 0.0, "p05": 0.05, "p25": 0.25, "median": 0.5, "p75": 0.75, "p95": 0.95, "max": 1.0}

@@ -15,10 +15,14 @@ from gte_pro.utils.files import write_atomic, write_json_atomic, write_text_atom
 from gte_pro.utils.tables import markdown_table
 
 
+def scores(markers: list[dict[str, Any]], key: str) -> np.ndarray:
+    """One array of every shard's ``key`` scores (pos_scores or neg_scores)."""
+    return np.concatenate([np.asarray(marker[key], dtype=np.float32) for marker in markers] or [np.zeros(0)])
+
+
 def score_summary(markers: list[dict[str, Any]], details: dict[str, Any]) -> dict[str, Any]:
     """The report's numbers from the shards' markers (every shard, scored now or before) and the run's details."""
-    positives = [score for marker in markers for score in marker["pos_scores"]]
-    negatives = [score for marker in markers for score in marker["neg_scores"]]
+    positives, negatives = scores(markers, "pos_scores"), scores(markers, "neg_scores")
     suspects = sum(marker["likely_false_negatives"] for marker in markers)
     return {
         "mode": "score",
@@ -54,7 +58,7 @@ def summary_markdown(summary: dict[str, Any], files: dict[str, Path]) -> str:
             + markdown_table(["", "value"], lines) + f"\n{where}\n")
 
 
-def plot_histograms(path: Path, positives: list[float], negatives: list[float], kind: str) -> Path:
+def plot_histograms(path: Path, positives: np.ndarray, negatives: np.ndarray, kind: str) -> Path:
     """Histograms of the positives' and the negatives' teacher scores on shared bins (matplotlib, headless)."""
     import matplotlib
 
@@ -64,9 +68,9 @@ def plot_histograms(path: Path, positives: list[float], negatives: list[float], 
     figure, axes = plt.subplots(figsize=(7, 4))
     values = [np.asarray(v, dtype=np.float64) for v in (positives, negatives) if len(v)]
     bins = np.histogram_bin_edges(np.concatenate(values), bins=50) if values else 50
-    for scores, label in ((negatives, "negatives"), (positives, "positives")):
-        if len(scores):  # an empty histogram with density=True divides by zero
-            axes.hist(scores, bins=bins, alpha=0.6, density=True, label=f"{label} ({len(scores)})")
+    for array, label in ((negatives, "negatives"), (positives, "positives")):
+        if len(array):  # an empty histogram with density=True divides by zero
+            axes.hist(array, bins=bins, alpha=0.6, density=True, label=f"{label} ({len(array)})")
     axes.set_xlabel("teacher score (logit)" if kind == "cross-encoder" else "teacher score (cosine)")
     axes.set_ylabel("density")
     if values:
@@ -92,8 +96,7 @@ def write_score_outputs(output: Path, run_dir: Path, markers: list[dict[str, Any
     summary["files"] = {name: str(path) for name, path in files.items()}
     write_json_atomic(files["report"], summary)
     write_text_atomic(files["table"], summary_markdown(summary, files))
-    plot_histograms(files["plot"], [s for m in markers for s in m["pos_scores"]],
-                    [s for m in markers for s in m["neg_scores"]], summary["kind"])
+    plot_histograms(files["plot"], scores(markers, "pos_scores"), scores(markers, "neg_scores"), summary["kind"])
     print("\n".join(f"{name + ':':8} {path}" for name, path in files.items()))
     print(f"train on it: {train_command(output)}")
     return summary
