@@ -97,9 +97,10 @@ def score(cfg: DictConfig) -> None:
     if output.resolve() == source.resolve():
         raise ConfigError(f"score.output={output} is the input file", hint="write the scores to another file")
     batch_size, max_length, shard_rows = int(options.batch_size), int(options.max_length), int(options.shard_rows)
+    name = str(options.teacher)
+    name = str(Path(name).expanduser()) if name.startswith("~") else name  # a hub name stays as written
     try:
-        teacher = load_teacher(str(options.teacher), max_length, bool(options.trust_remote_code),
-                               options.teacher_kind)
+        teacher = load_teacher(name, max_length, bool(options.trust_remote_code), options.teacher_kind)
     except MissingModelError as err:  # it names model.name_or_path, the key of the models it loads
         raise MissingModelError(f"score.teacher={options.teacher}: {str(err).split(': ', 1)[-1]}") from err
     settings = teacher_settings(teacher, max_length, batch_size, shard_rows, str(cfg.trainer.precision))

@@ -54,9 +54,11 @@ def teacher_settings(teacher: Teacher, max_length: int, batch_size: int, shard_r
     """What a shard's scores depend on: a resumed run must have the same (a local teacher folder is known by its
     files' sizes and times, so a teacher retrained in place counts as another)."""
     folder = Path(teacher.name_or_path).expanduser()
-    return {"teacher": teacher.name_or_path, "kind": teacher.kind, "max_length": max_length,
+    local = folder.is_dir()
+    return {"teacher": str(folder.resolve()) if local else teacher.name_or_path, "kind": teacher.kind,
+            "max_length": max_length,
             "batch_size": batch_size, "shard_rows": shard_rows, "precision": precision,
-            "teacher_files": file_signature(folder) if folder.is_dir() else None}
+            "teacher_files": file_signature(folder) if local else None}
 
 
 def teacher_text(text: str) -> str:

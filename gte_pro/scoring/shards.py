@@ -105,11 +105,12 @@ class ShardFolder:
         marker = json.loads(path.read_text(encoding="utf-8"))
         hint = f"score into a new run folder, or delete {self.folder} to score every shard again"
         if marker.get("settings_key") != self.settings_key:
-            changed = sorted(key for key in {**self.settings, **marker.get("settings", {})}
-                             if marker.get("settings", {}).get(key) != self.settings.get(key))
-            raise ResumeError(f"{path}: shard {index} was scored with other settings ({', '.join(changed) or 'format'}"
-                              f" differ: {json.dumps({k: marker.get('settings', {}).get(k) for k in changed})}); "
-                              "scores of two teachers or settings are never mixed in one file", hint=hint)
+            before = marker.get("settings", {})
+            changed = [f"{key}: {json.dumps(before.get(key))} then, {json.dumps(self.settings.get(key))} now"
+                       for key in sorted({**self.settings, **before}) if before.get(key) != self.settings.get(key)]
+            what = "; ".join(changed) or "an older format"
+            raise ResumeError(f"{path}: shard {index} was scored with other settings ({what}); scores of two "
+                              "teachers or settings are never mixed in one file", hint=hint)
         if marker.get("input_digest") != digest:
             raise ResumeError(f"{path}: shard {index} (rows {marker.get('first_line')}.. of the input) was scored "
                               "from other rows: the input file changed since", hint=hint)
