@@ -56,8 +56,7 @@ def teacher_settings(teacher: Teacher, max_length: int, batch_size: int, shard_r
     folder = Path(teacher.name_or_path).expanduser()
     local = folder.is_dir()
     return {"teacher": str(folder.resolve()) if local else teacher.name_or_path, "kind": teacher.kind,
-            "max_length": max_length,
-            "batch_size": batch_size, "shard_rows": shard_rows, "precision": precision,
+            "max_length": max_length, "batch_size": batch_size, "shard_rows": shard_rows, "precision": precision,
             "teacher_files": file_signature(folder) if local else None}
 
 
@@ -147,6 +146,9 @@ def score_rank(teacher: Teacher, path: str | Path, shard_rows: int, batch_size: 
                      len(mine) - len(pending), len(mine), plan.shards, pairs / max(now - start, 1e-9))
         if not pending:
             break
+    if pending:
+        raise DataError(f"{path}: changed while it was being scored (shard {min(pending)} is no longer there)",
+                        hint="score a file that nothing writes to while it runs")
     return {"pairs": pairs, "seconds": time.perf_counter() - start}
 
 
