@@ -15,14 +15,15 @@ from gte_pro.launch.environment import job_scope
 from gte_pro.modes.evaluate import evaluate
 from gte_pro.modes.fit import fit
 from gte_pro.modes.mine import mine
+from gte_pro.modes.score import score
 from gte_pro.utils.quiet import quiet_third_party
 
-MODES = {"train": fit, "eval": evaluate, "mine": mine}
+MODES = {"train": fit, "eval": evaluate, "mine": mine, "score": score}
 
 
 def train(cfg: DictConfig) -> float | None:
-    """Run ``cfg.mode`` (train: fit + export; eval: evaluate only; mine: hard negatives); return
-    ``cfg.optimized_metric`` (None for mine)."""
+    """Run ``cfg.mode`` (train: fit + export; eval: evaluate only; mine: hard negatives; score: teacher scores);
+    return ``cfg.optimized_metric`` (None for mine and score)."""
     mode = cfg.get("mode", "train")
     if mode not in MODES:
         raise ConfigError(f"mode={mode!r} is not valid; valid choices: {', '.join(MODES)}")

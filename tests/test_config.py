@@ -309,7 +309,7 @@ def test_an_option_changes_a_schema_default_and_keeps_its_type(make_cfg):
     assert make_cfg(["data.batch_size='64'"]).data.batch_size == 64  # a quoted number is read as the type says
 
 
-@pytest.mark.parametrize("group", ["data", "model", "loss", "eval", "mine"])
+@pytest.mark.parametrize("group", ["data", "model", "loss", "eval", "mine", "score"])
 def test_every_option_of_a_schema_group_extends_a_schema(make_cfg, group):
     from gte_pro.config.schema import SCHEMAS
 

@@ -55,7 +55,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "seed": lambda v: integer(0)(v) or (None if v <= 2**32 - 1 else "expected an integer <= 4294967295"),
     "devices": devices_value,
     "nodes": integer(1),
-    "mode": choice("train", "eval", "mine"),
+    "mode": choice("train", "eval", "mine", "score"),
     "task": choice("embed", "rerank"),
     "lr_find": FLAG,
     "lr_find_steps": integer(1),
@@ -130,6 +130,12 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "mine.rescore_kind": choice(None, "cross-encoder", "embedder"),
     "mine.rescore_batch_size": at_least(1),
     "mine.rescore_max_length": at_least(1),
+    # teacher scores (mode=score); score.teacher and score.input are checked when mode=score runs
+    "score.teacher_kind": choice("cross-encoder", "embedder", None),
+    "score.trust_remote_code": FLAG,
+    "score.batch_size": at_least(1),
+    "score.max_length": at_least(1),
+    "score.shard_rows": at_least(1),
 }
 
 # keys of a node that are not arguments of its target (build_encoder hands model.lr to the optimizer)

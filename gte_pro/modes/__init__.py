@@ -5,4 +5,5 @@
 - ``fit``: ``mode=train`` (validate, fit, validate the best checkpoint, export).
 - ``evaluate``: ``mode=eval`` (evaluate any encoder, write metrics.json + metrics.md).
 - ``mine``: ``mode=mine`` (hard negatives for the training rows).
+- ``score``: ``mode=score`` (teacher scores for the training rows: pos_scores / neg_scores).
 """

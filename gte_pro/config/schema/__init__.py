@@ -1,4 +1,4 @@
-"""The types and defaults of the config groups whose keys are ours: data, model, loss, eval, mine.
+"""The types and defaults of the config groups whose keys are ours: data, model, loss, eval, mine, score.
 
 Each dataclass is a schema in Hydra's ConfigStore (``schema/<group>/<option>``) that the option's YAML file extends
 (``defaults: [/schema/data/jsonl@_here_, _self_]``), so Hydra itself refuses ``data.batch_size=abc`` or
@@ -30,6 +30,7 @@ from gte_pro.config.schema.loss import (
 )
 from gte_pro.config.schema.mining import MineSchema
 from gte_pro.config.schema.model import CrossEncoderSchema, EncoderSchema
+from gte_pro.config.schema.score import ScoreSchema
 
 SCHEMAS: dict[str, dict[str, type]] = {
     "data": {"demo": DemoData, "jsonl": JsonlData, "hf": HfData, "beir": BeirData, "mix": MixData},
@@ -38,6 +39,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
              "margin_mse": MarginMSESchema, "listwise": ListwiseSchema, "pointwise_bce": PointwiseBCESchema},
     "eval": {"default": EvalSchema},
     "mine": {"default": MineSchema},
+    "score": {"default": ScoreSchema},
 }
 
 

@@ -1,0 +1,126 @@
+"""``mode=score``: teacher scores for every row of a training file, in FlagEmbedding's layout.
+
+    python train.py mode=score score.teacher=<cross-encoder folder or hub name> data=jsonl data.train_file=train.jsonl
+    python train.py loss=distill_kl data=jsonl data.train_file=<run dir>/scored.jsonl   # then train on it
+
+Each row's (query, positive) and (query, negative) pairs are scored by ``score.teacher`` (a cross-encoder's logit,
+an embedder's cosine; ``gte_pro.models.teacher``) and the row is written back unchanged plus ``pos_scores`` and
+``neg_scores``. Like mining, the run goes through the project's trainer, so ``strategy=ddp devices=N`` starts N
+processes; each scores its share of the input's fixed shards (``gte_pro.scoring``), which land in
+``<run dir>/score_shards/`` as they finish. The same command in the same run folder (``hydra.run.dir=<run dir>``)
+after a kill scores only the missing shards; the output is the same bytes for any number of processes and after
+any number of restarts.
+
+Writes (rank 0) ``score.output`` (default ``<run dir>/scored.jsonl``), ``score_report.json``, ``score_report.md``
+and ``score_hist.png`` in the run folder.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import LightningDataModule, LightningModule
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+from torch.utils.data import DataLoader
+
+from gte_pro.errors import ConfigError, MissingModelError
+from gte_pro.models.teacher import Teacher, load_teacher
+from gte_pro.modes.build import build_trainer, start_run
+from gte_pro.scoring.core import ShardPlan, plan_shards, score_rank, teacher_settings
+from gte_pro.scoring.report import write_score_outputs
+from gte_pro.scoring.shards import ShardFolder
+from gte_pro.utils.timing import peak_rss_mb_per_rank
+
+JSONL_DATA = "gte_pro.data.jsonl.JsonlDataModule"
+
+
+class ScoringData(LightningDataModule):
+    """One placeholder validation batch per rank: it only makes Lightning run the module's validation hooks, where
+    the scoring happens (the input is read by ``gte_pro.scoring``, not by a data module)."""
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader([0], batch_size=1)
+
+
+class ScoringModule(LightningModule):
+    """Plans the shards and scores this rank's share once the process group exists and the teacher is on its
+    device; the ranks wait for each other after planning (so that no rank counts another's new shard as an old one)
+    and after scoring (so that rank 0 finds every shard)."""
+
+    def __init__(self, teacher: Teacher, source: str, shards: ShardFolder, batch_size: int, shard_rows: int) -> None:
+        super().__init__()
+        self.teacher = teacher
+        if isinstance(getattr(teacher, "model", None), nn.Module):
+            self.teacher_model = teacher.model  # a submodule: Lightning moves it and applies the precision
+        self.source, self.shards, self.batch_size, self.shard_rows = source, shards, batch_size, shard_rows
+        self.plan: ShardPlan | None = None
+        self.timing: dict[str, float] = {}
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        return None
+
+    def on_validation_epoch_end(self) -> None:
+        self.teacher.to(self.device)
+        self.shards.prepare()
+        self.plan = plan_shards(self.source, self.shard_rows, self.shards)
+        self.trainer.strategy.barrier()
+        self.timing = score_rank(self.teacher, self.source, self.shard_rows, self.batch_size, self.shards, self.plan,
+                                 self.global_rank, self.trainer.world_size,
+                                 self.trainer.precision_plugin.forward_context)
+        self.trainer.strategy.barrier()
+
+
+def input_file(cfg: DictConfig) -> Path:
+    """``score.input``, or ``data.train_file`` with data=jsonl."""
+    if cfg.score.get("input"):
+        return Path(cfg.score.input).expanduser()
+    if OmegaConf.select(cfg, "data._target_", default=None) == JSONL_DATA and cfg.data.get("train_file"):
+        return Path(cfg.data.train_file).expanduser()
+    raise ConfigError("score.input: not set, and the data source has no training file to score (data.train_file "
+                      "of data=jsonl)",
+                      hint="set score.input=<train.jsonl>, or data=jsonl data.train_file=<train.jsonl>")
+
+
+def score(cfg: DictConfig) -> None:
+    """Score as ``cfg.score`` says; rank 0 writes the scored file, the report and the histograms."""
+    options = cfg.score
+    if not options.get("teacher"):
+        raise ConfigError("score.teacher is required with mode=score",
+                          hint="set score.teacher=<cross-encoder folder or hub name> (or an embedder, with "
+                               "score.teacher_kind=embedder where its folder does not say)")
+    source = input_file(cfg)
+    output_dir = start_run(cfg)
+    output = Path(options.output).expanduser() if options.get("output") else output_dir / "scored.jsonl"
+    if output.resolve() == source.resolve():
+        raise ConfigError(f"score.output={output} is the input file", hint="write the scores to another file")
+    batch_size, max_length, shard_rows = int(options.batch_size), int(options.max_length), int(options.shard_rows)
+    name = str(options.teacher)
+    name = str(Path(name).expanduser()) if name.startswith("~") else name  # a hub name stays as written
+    try:
+        teacher = load_teacher(name, max_length, bool(options.trust_remote_code), options.teacher_kind)
+    except MissingModelError as err:  # it names model.name_or_path, the key of the models it loads
+        raise MissingModelError(f"score.teacher={options.teacher}: {str(err).split(': ', 1)[-1]}") from err
+    settings = teacher_settings(teacher, max_length, batch_size, shard_rows, str(cfg.trainer.precision))
+    shards = ShardFolder(output_dir / "score_shards", settings)
+    module = ScoringModule(teacher, str(source), shards, batch_size, shard_rows)
+    trainer = build_trainer(cfg, callbacks=[], loggers=[])  # nothing is trained: no checkpoints, no loggers
+    start = time.perf_counter()
+    trainer.validate(module, datamodule=ScoringData(), verbose=False)
+    seconds = time.perf_counter() - start
+    peaks = peak_rss_mb_per_rank()
+    if trainer.is_global_zero:
+        plan = module.plan
+        assert plan is not None
+        markers = shards.markers(plan.shards)
+        shards.assemble(output, markers)
+        details = {"teacher": teacher.name_or_path, "kind": teacher.kind, "input": str(source),
+                   "world_size": trainer.world_size, "precision": str(cfg.trainer.precision),
+                   "max_length": max_length, "batch_size": batch_size, "shard_rows": shard_rows,
+                   "shards_scored": plan.shards - sum(plan.done), "shards_reused": sum(plan.done),
+                   "pairs_scored": plan.pending_pairs, "seconds": round(seconds, 3),
+                   "pairs_per_s": round(plan.pending_pairs / max(seconds, 1e-9), 1),
+                   "peak_rss_mb_per_rank": [round(mb, 1) for mb in peaks]}
+        write_score_outputs(output, output_dir, markers, details)

@@ -1,0 +1,3 @@
+"""Teacher scores for distillation (``mode=score``): ``shards`` (the input in fixed shards, their files in the run
+folder, resuming, the output assembled from them), ``core`` (a shard's pairs through the teacher, this rank's
+shards), ``report`` (the report and the score histograms); the mode itself is ``gte_pro.modes.score``."""

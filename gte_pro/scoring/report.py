@@ -1,0 +1,102 @@
+"""What ``mode=score`` writes besides the scored file (rank 0, each atomically): ``score_report.json`` +
+``score_report.md`` (rows, pairs, shards scored and reused, seconds, the teacher, score quantiles, likely false
+negatives) and ``score_hist.png`` (positive vs negative scores), then prints where they are and the command that
+trains on the scored file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gte_pro.scoring.core import quantiles
+from gte_pro.utils.files import write_atomic, write_json_atomic, write_text_atomic
+from gte_pro.utils.tables import markdown_table
+
+
+def scores(markers: list[dict[str, Any]], key: str) -> np.ndarray:
+    """One array of every shard's ``key`` scores (pos_scores or neg_scores)."""
+    return np.concatenate([np.asarray(marker[key], dtype=np.float32) for marker in markers] or [np.zeros(0)])
+
+
+def score_summary(markers: list[dict[str, Any]], details: dict[str, Any]) -> dict[str, Any]:
+    """The report's numbers from the shards' markers (every shard, scored now or before) and the run's details."""
+    positives, negatives = scores(markers, "pos_scores"), scores(markers, "neg_scores")
+    suspects = sum(marker["likely_false_negatives"] for marker in markers)
+    return {
+        "mode": "score",
+        "rows": sum(marker["rows"] for marker in markers),
+        "pairs": len(positives) + len(negatives),
+        "positives": len(positives),
+        "negatives": len(negatives),
+        "shards": len(markers),
+        "positive_scores": quantiles(positives),
+        "negative_scores": quantiles(negatives),
+        # a negative the teacher scores at least as high as its row's best positive: likely an unlabelled positive
+        "likely_false_negatives": suspects,
+        "likely_false_negative_share": round(suspects / max(len(negatives), 1), 4),
+        **details,
+    }
+
+
+def summary_markdown(summary: dict[str, Any], files: dict[str, Path]) -> str:
+    pos, neg = summary["positive_scores"], summary["negative_scores"]
+    lines = [["rows", summary["rows"]],
+             ["pairs (positives / negatives)", f"{summary['pairs']} ({summary['positives']} / {summary['negatives']})"],
+             ["shards: scored now / reused", f"{summary['shards_scored']} / {summary['shards_reused']} "
+              f"(of {summary['shards']}, {summary['shard_rows']} rows each)"],
+             ["seconds (pairs/s)", f"{summary['seconds']} ({summary['pairs_per_s']})"],
+             ["positive score: p05 / median / p95", f"{pos['p05']} / {pos['median']} / {pos['p95']}"],
+             ["negative score: p05 / median / p95", f"{neg['p05']} / {neg['median']} / {neg['p95']}"],
+             ["negatives scoring >= their row's best positive (likely false negatives)",
+              f"{summary['likely_false_negatives']} ({100 * summary['likely_false_negative_share']:.1f}%)"]]
+    where = "\n".join(f"- {name}: `{path}`" for name, path in files.items())
+    where += f"\n\ntrain on it: `{train_command(files['scored'])}`"
+    return (f"# Teacher scores\n\nteacher `{summary['teacher']}` ({summary['kind']}), {summary['world_size']} "
+            f"process(es), max_length {summary['max_length']}, batch_size {summary['batch_size']}\n\n"
+            + markdown_table(["", "value"], lines) + f"\n{where}\n")
+
+
+def plot_histograms(path: Path, positives: np.ndarray, negatives: np.ndarray, kind: str) -> Path:
+    """Histograms of the positives' and the negatives' teacher scores on shared bins (matplotlib, headless)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4))
+    values = [np.asarray(v, dtype=np.float64) for v in (positives, negatives) if len(v)]
+    bins = np.histogram_bin_edges(np.concatenate(values), bins=50) if values else 50
+    for array, label in ((negatives, "negatives"), (positives, "positives")):
+        if len(array):  # an empty histogram with density=True divides by zero
+            axes.hist(array, bins=bins, alpha=0.6, density=True, label=f"{label} ({len(array)})")
+    axes.set_xlabel("teacher score (logit)" if kind == "cross-encoder" else "teacher score (cosine)")
+    axes.set_ylabel("density")
+    if values:
+        axes.legend()
+    figure.tight_layout()
+    try:
+        return write_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=100))
+    finally:
+        plt.close(figure)
+
+
+def train_command(output: Path) -> str:
+    return f"python train.py loss=distill_kl data=jsonl data.train_file={output}"
+
+
+def write_score_outputs(output: Path, run_dir: Path, markers: list[dict[str, Any]],
+                        details: dict[str, Any]) -> dict[str, Any]:
+    """Write the report (json + md) and the histograms of the scored file ``output`` (already written); print
+    where they are and the next command; return the summary."""
+    summary = score_summary(markers, details)
+    files = {"scored": output, "report": run_dir / "score_report.json", "table": run_dir / "score_report.md",
+             "plot": run_dir / "score_hist.png"}
+    summary["files"] = {name: str(path) for name, path in files.items()}
+    write_json_atomic(files["report"], summary)
+    write_text_atomic(files["table"], summary_markdown(summary, files))
+    plot_histograms(files["plot"], scores(markers, "pos_scores"), scores(markers, "neg_scores"), summary["kind"])
+    print("\n".join(f"{name + ':':8} {path}" for name, path in files.items()))
+    print(f"train on it: {train_command(output)}")
+    return summary
