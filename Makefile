@@ -59,6 +59,10 @@ docs: install
 #   seeds, on the pydocs set (gte_pro.data.pydocs, built under --workdir on first use); 2 epochs of MiniLM per run, 18
 #   runs (hours on 2 CPU cores; --dry-run prints the commands)
 #   make bench-negatives ARGS="--seeds 1,2 --variants inbatch-gte,mined-gte --negatives 1"
+# bench-teachers: the teacher recipe on pydocs, 3 seeds, equal steps: in-batch vs mined vs mined with the reranker
+#   rescoring vs distilled (KL) from the project's own reranker vs distilled + InfoNCE; the reranker's NDCG@10 on the
+#   embedder's top 100, and each pipeline's wall time (hours on 2 CPU cores; --dry-run prints the commands)
+#   make bench-teachers ARGS="--seeds 1,2,3 --max-train 1000 --max-test 200 --steps 40 --range-max 30"
 # bench-options: full fine-tune vs LoRA vs Matryoshka vs projection head at equal steps on pydocs: NDCG@10 (full and
 #   truncated), trainable parameters, samples/s, peak RSS (~35 min on 2 CPU cores with the settings in the README)
 # bench-eval-memory: peak RSS of mode=eval (or mode=mine with --mode mine) on synthetic 100k / 1M-document corpora, 1

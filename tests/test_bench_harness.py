@@ -133,18 +133,39 @@ def test_common_options_have_one_name_and_meaning():
 
 
 @pytest.mark.parametrize("name", ["bench_train", "bench_gpu", "bench_scale", "bench_eval_memory", "bench_negatives",
-                                  "bench_options"])
+                                  "bench_options", "bench_teachers"])
 def test_scripts_take_the_common_options(name: str):
     args = _load(name).parse_args(["--json", "r.json", "--timeout", "7"])
     assert args.json == "r.json" and args.timeout == 7.0
 
 
-@pytest.mark.parametrize("name", ["bench_negatives", "bench_options"])
+@pytest.mark.parametrize("name", ["bench_negatives", "bench_options", "bench_teachers"])
 def test_dry_run_prints_the_train_py_commands(name: str, tmp_path: Path, capsys: pytest.CaptureFixture):
     _load(name).main(["--dry-run", "--workdir", str(tmp_path), "--seeds", "1,2"])
     out = capsys.readouterr().out
     assert out.startswith("commands (in this order):") and "seed=2" in out and " train.py mode=eval " in out
     assert not list(tmp_path.iterdir()) and "raw results" not in out  # nothing built, run or written
+
+
+def test_teacher_pipelines_add_the_one_off_steps_they_need(tmp_path: Path, capsys: pytest.CaptureFixture):
+    bench = _load("bench_teachers")
+    args = bench.parse_args(["--workdir", str(tmp_path), "--seeds", "1,2", "--variants", "mined,distill,inbatch"])
+    steps = {"mine": {"wall_s": 10.0}, "reranker": {"wall_s": 100.0, "ndcg": 0.8, "retriever_ndcg": 0.6},
+             "score": {"wall_s": 5.0}}
+    rows = [{"variant": v, "seed": s, "ndcg": n, "wall_s": 50.0}
+            for v, s, n in (("mined", 1, 0.60), ("mined", 2, 0.62), ("distill", 1, 0.70), ("distill", 2, 0.71),
+                            ("inbatch", 1, 0.5), ("inbatch", 2, 0.5))]
+    table = {row["variant"]: row for row in bench.summarize(rows, args, steps)}
+    assert table["inbatch"]["pipeline_s"] == 50.0 and table["mined"]["pipeline_s"] == 60.0
+    assert table["distill"]["pipeline_s"] == 50.0 + 10 + 100 + 5
+    lines = bench.verdict(list(table.values()), steps)
+    assert lines[0].startswith("reranker: NDCG@10 0.8000") and "above the embedder" in lines[0]
+    assert "+0.0950 NDCG@10 over mined" in lines[1] and "beats mined InfoNCE by more than the spread" in lines[1]
+    # the one-off commands feed each other: mined.jsonl -> the reranker -> its export scores mined.jsonl
+    commands = bench.step_commands(args, tmp_path / "set")
+    assert f"data.train_file={tmp_path / 'mined.jsonl'}" in commands["reranker"]
+    assert f"score.teacher={tmp_path / 'runs' / 'reranker' / 'model'}" in commands["score"]
+    assert "task=rerank" in commands["reranker"] and "mine.relative_margin=null" in commands["rescore"]
 
 
 def test_timed_rounds_interleave_and_median_rows():

@@ -262,7 +262,14 @@ def test_every_shipped_option_passes_the_config_checks():
     required = {"model=encoder": ["model.name_or_path=x"], "data=jsonl": ["data.train_file=x"],
                 "data=hf": ["data.path=x"], "data=beir": ["data.path=x"],
                 "data=mix": ["data.sources={a: {type: demo}}"],
-                "experiment=byo_hard_negatives": ["data.train_file=x"]}
+                "experiment=byo_hard_negatives": ["data.train_file=x"], "experiment=distill": ["data.train_file=x"],
+                # a reranker's model and losses go with task=rerank (and only with it: tests/test_rerank.py)
+                "model=cross_encoder": ["task=rerank", "model.name_or_path=x"],
+                **{f"model={name}": ["task=rerank"] for name in ("reranker_minilm", "reranker_tiny",
+                                                                "gte_reranker_modernbert", "gte_multilingual_reranker",
+                                                                "bge_reranker_base")},
+                "loss=listwise": ["task=rerank"], "loss=pointwise_bce": ["task=rerank"],
+                "model=mpnet": ["model.name_or_path=x"]}  # its folder is fetched by `make fetch-mpnet`, not here
     groups = [p for p in CONF.iterdir() if p.is_dir() and p.name not in ("hydra", "paths")]
     choices = [f"{group.name}={option.stem}" for group in sorted(groups) for option in sorted(group.glob("*.yaml"))]
     problems = {}
