@@ -223,6 +223,34 @@ def test_a_reranker_trains_validates_and_exports_what_it_scores(make_cfg, tmp_pa
     assert "val/ndcg@10" in (out / "csv" / "version_0" / "metrics.csv").read_text().splitlines()[0]
 
 
+def test_mode_eval_reranks_a_beir_set_with_any_cross_encoder(make_cfg, tmp_path: Path, retriever_folder: str):
+    """A reranker evaluated alone (a hub checkpoint, or an export) on a BEIR set: the retriever's top 20 of each
+    query reranked, the figures beside the retriever's own, and the numbers a direct computation gives."""
+    from gte_pro.data.beir import load_beir
+    from gte_pro.evaluation.metrics import retrieval_metrics
+    from tests.beir_data import write_beir_folder
+
+    beir = write_beir_folder(tmp_path / "topics")
+    folder = tmp_path / "reranker"
+    _tiny_reranker().save(folder)
+    out = tmp_path / "eval"
+    train(make_cfg(["task=rerank", "mode=eval", "model=cross_encoder", f"model.name_or_path={folder}",
+                    f"eval.beir=[{beir}]", f"eval.retriever={retriever_folder}", "eval.rerank_depth=20"],
+                   output_dir=out))
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["task"] == "rerank" and "reranking" in (out / "metrics.md").read_text()
+    # the same candidates and scores, computed here without Lightning
+    retrieval = load_beir(beir, "test")
+    candidates = retriever_candidates(Encoder(retriever_folder), retrieval, depth=20)
+    pairs = [(retrieval.queries[q], retrieval.corpus[d]) for q, docs in enumerate(candidates) for d in docs]
+    reranker = CrossEncoder(str(folder), max_length=512)
+    scores = reranker.score([q for q, _ in pairs], [d for _, d in pairs])
+    expected = retrieval_metrics(reranked(candidates, scores), retrieval.relevant)
+    for metric, value in expected.items():
+        assert metrics["val"][f"val/topics/{metric}"] == pytest.approx(value, abs=1e-6), metric
+    assert "val/topics/retriever/ndcg@10" in metrics["val"]
+
+
 @pytest.mark.slow
 def test_a_stopped_rerank_run_resumes_to_bit_identical_weights(make_cfg, tmp_path: Path, retriever_folder: str):
     run = [*RUN, *_rerank_run(retriever_folder)]
@@ -244,7 +272,7 @@ def test_a_stopped_rerank_run_resumes_to_bit_identical_weights(make_cfg, tmp_pat
     (["task=rerank", "loss=infonce"], "task=rerank needs a reranking loss: loss=listwise or loss=pointwise_bce"),
     (["loss=listwise"], "task=embed trains an embedder; gte_pro.training.losses_rerank.ListwiseLoss"),
     (["model=reranker_tiny"], "add task=rerank"),
-    (["task=rerank", "mode=mine"], "mode=mine: task=rerank runs mode=train"),
+    (["task=rerank", "mode=mine"], "mode=mine: task=rerank runs mode=train or mode=eval"),
     (["task=rerank", "data.remine.every_n_epochs=1"], "data.remine: re-mining refreshes an embedder's negatives"),
 ])
 def test_a_task_and_its_parts_must_agree(make_cfg, overrides, message):

@@ -22,7 +22,8 @@ RERANK_LOSSES = "gte_pro.training.losses_rerank."
 
 
 def task_problems(cfg: DictConfig) -> list[str]:
-    """task=rerank trains a cross-encoder with a reranking loss, in mode=train; task=embed neither."""
+    """task=rerank trains (mode=train) or evaluates (mode=eval) a cross-encoder with a reranking loss; task=embed
+    neither."""
     task = cfg.get("task", "embed")
     model = OmegaConf.select(cfg, "model._target_", default=None, throw_on_missing=False)
     loss = OmegaConf.select(cfg, "loss._target_", default=None, throw_on_missing=False)
@@ -36,9 +37,9 @@ def task_problems(cfg: DictConfig) -> list[str]:
     if isinstance(loss, str) and loss.startswith(RERANK_LOSSES) != rerank:
         problems.append(f"loss: task={task} " + ("needs a reranking loss: loss=listwise or loss=pointwise_bce"
                                                    if rerank else f"trains an embedder; {loss} is a reranker's loss"))
-    if rerank and cfg.get("mode", "train") != "train":
-        problems.append(f"mode={cfg.get('mode')}: task=rerank runs mode=train (validation reranks eval.retriever's "
-                        "candidates); mode=score scores with a trained reranker")
+    if rerank and cfg.get("mode", "train") not in ("train", "eval"):
+        problems.append(f"mode={cfg.get('mode')}: task=rerank runs mode=train or mode=eval (both rerank "
+                        "eval.retriever's candidates); a trained reranker scores with mode=score or mine.rescore_with")
     if rerank and OmegaConf.select(cfg, "data.remine.every_n_epochs", default=0):
         problems.append("data.remine: re-mining refreshes an embedder's negatives; with task=rerank mine them first "
                         "(mode=mine) and set data.remine.every_n_epochs=0")

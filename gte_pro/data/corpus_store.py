@@ -93,10 +93,21 @@ class CorpusStore:
 
 
 class StoredCorpus(Sequence):
-    """``RetrievalSet.corpus`` of a stored corpus: its length, and the token ids of each document (no text)."""
+    """``RetrievalSet.corpus`` of a stored corpus: its length, and the token ids of each document (no text).
+    ``source``: the corpus file and its reader, from which ``tokens_for`` stores the same documents for another
+    tokenizer (a reranker's retriever)."""
 
-    def __init__(self, store: CorpusStore) -> None:
+    def __init__(self, store: CorpusStore, source: tuple[Path, Documents] | None = None) -> None:
         self.store = store
+        self.source = source
+
+    def tokens_for(self, tokenizer: PreTrainedTokenizerBase, max_length: int, doc_prefix: str) -> CorpusStore:
+        """The same documents, in the same order, tokenized for another model: a store beside this one."""
+        if self.source is None:
+            raise TypeError(f"the corpus of {self.store.folder} does not name its source file")
+        corpus_file, documents = self.source
+        return open_corpus_store(corpus_file, documents, tokenizer, max_length, doc_prefix,
+                                 self.store.folder.parent.parent)  # <cache_dir>/corpora/<key>
 
     def __len__(self) -> int:
         return len(self.store)
@@ -239,4 +250,5 @@ def load_beir_stored(folder: str | Path, split: str, name: str | None, tokenizer
     qrels = read_beir_qrels(folder, split, queries, None, anomalies)
     index = store.positions_of({doc for judged in qrels.values() for doc in judged})
     read_beir_qrels(folder, split, queries, index)  # raises on the first line whose corpus-id the corpus lacks
-    return beir_set(folder, split, name, queries, qrels, index, StoredCorpus(store), anomalies, [])
+    return beir_set(folder, split, name, queries, qrels, index,
+                    StoredCorpus(store, (corpus_file, partial(iter_beir_documents, corpus_file))), anomalies, [])

@@ -14,9 +14,8 @@ from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.beir import BeirSet
-from gte_pro.data.collate import EvalCollator
 from gte_pro.data.corpus_store import load_beir_stored
-from gte_pro.data.datasets import EvalTextsCache
+from gte_pro.data.validation import ValidationSets
 from gte_pro.errors import ConfigError
 from gte_pro.retrieval import RetrievalSet
 
@@ -83,8 +82,9 @@ def attach_eval_sets(datamodule: Any, cfg: Any) -> None:
         datamodule.add_eval_sets(sets, batch_size=cfg.eval.get("batch_size"), max_length=cfg.eval.get("max_length"))
 
 
-class EvalDataModule(LightningDataModule):
-    """Named retrieval sets only (``mode=eval``): one validation dataloader each, texts sorted by length."""
+class EvalDataModule(ValidationSets, LightningDataModule):
+    """Named retrieval sets only (``mode=eval``): one validation dataloader each, texts sorted by length (or, for a
+    reranker, each query's candidate pairs)."""
 
     def __init__(self, sets: Sequence[tuple[str, RetrievalSet]], tokenizer: PreTrainedTokenizerBase,
                  batch_size: int = 128, max_length: int = 512, query_prefix: str = "", doc_prefix: str = "",
@@ -92,21 +92,19 @@ class EvalDataModule(LightningDataModule):
         super().__init__()
         if not sets:
             raise ValueError("EvalDataModule: no evaluation sets")
+        self.init_validation_sets(batch_size, max_length)
         self.sets = list(sets)
         self.tokenizer = tokenizer
         self.max_length = max_length
-        self.collate = EvalCollator(tokenizer)
-        self._eval_texts = EvalTextsCache()
         self.batch_size = batch_size
         self.query_prefix = query_prefix
         self.doc_prefix = doc_prefix
         self.num_workers = num_workers
+        self.pin_memory = self.persistent_workers = False
 
     def validation_sets(self) -> list[tuple[str, RetrievalSet]]:
         return list(self.sets)
 
     def val_dataloader(self) -> list[DataLoader]:
-        texts = [self._eval_texts.get(self.tokenizer, rs, self.max_length, self.query_prefix, self.doc_prefix)
-                 for _, rs in self.sets]
-        return [DataLoader(t, batch_size=self.batch_size, shuffle=False, collate_fn=self.collate,
-                           num_workers=self.num_workers) for t in texts]
+        return [self.eval_loader(index, retrieval, self.batch_size, self.max_length)
+                for index, (_, retrieval) in enumerate(self.sets)]

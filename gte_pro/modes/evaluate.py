@@ -20,22 +20,27 @@ from omegaconf import DictConfig, OmegaConf
 
 from gte_pro.evaluation.report import HELD_OUT, merge_results, metrics_by_set, metrics_table, optimized_value
 from gte_pro.evaluation.sets import EvalDataModule, eval_set_specs, load_eval_sets
+from gte_pro.models.cross_encoder import CrossEncoder
 from gte_pro.models.encoder import Encoder
-from gte_pro.modes.build import build_datamodule, build_encoder, build_module, build_trainer, start_run
+from gte_pro.modes.build import build_data_for, build_encoder, build_module, build_trainer, start_run
 from gte_pro.utils.files import write_json_atomic, write_text_atomic
 from gte_pro.utils.timing import peak_rss_mb_per_rank
 
 log = logging.getLogger(__name__)
 
 
-def eval_datamodule(cfg: DictConfig, encoder: Encoder) -> LightningDataModule:
-    """The BEIR sets of ``eval.beir``, or (none named) the configured data module's held-out split."""
+def eval_datamodule(cfg: DictConfig, encoder: Encoder | CrossEncoder) -> LightningDataModule:
+    """The BEIR sets of ``eval.beir``, or (none named) the configured data module's held-out split; a reranker's
+    serve each query's candidate pairs."""
     sets = load_eval_sets(cfg, encoder.tokenizer, encoder.doc_prefix, encoder.max_length)
-    if sets:
-        return EvalDataModule(sets, encoder.tokenizer, batch_size=cfg.eval.batch_size, max_length=cfg.eval.max_length,
-                              query_prefix=encoder.query_prefix, doc_prefix=encoder.doc_prefix,
-                              num_workers=cfg.data.get("num_workers", 0))
-    return build_datamodule(cfg, encoder.tokenizer, encoder.query_prefix, encoder.doc_prefix)
+    if not sets:
+        return build_data_for(cfg, encoder)
+    datamodule = EvalDataModule(sets, encoder.tokenizer, batch_size=cfg.eval.batch_size,
+                                max_length=cfg.eval.max_length, query_prefix=encoder.query_prefix,
+                                doc_prefix=encoder.doc_prefix, num_workers=cfg.data.get("num_workers", 0))
+    if isinstance(encoder, CrossEncoder):
+        datamodule.pair_join = encoder.pairs
+    return datamodule
 
 
 def _set_details(cfg: DictConfig, datamodule: Any) -> dict[str, dict[str, Any]]:
@@ -70,16 +75,18 @@ def evaluate(cfg: DictConfig) -> float | None:
     return optimized_value(flat, metric)
 
 
-def write_eval_report(output_dir: Path, cfg: DictConfig, encoder: Encoder, details: dict[str, dict[str, Any]],
-                      flat: dict[str, float], seconds: float, world_size: int, peaks: list[float]) -> None:
+def write_eval_report(output_dir: Path, cfg: DictConfig, encoder: Encoder | CrossEncoder,
+                      details: dict[str, dict[str, Any]], flat: dict[str, float], seconds: float, world_size: int,
+                      peaks: list[float]) -> None:
     by_set = metrics_by_set(flat)
     table = metrics_table(flat, sizes={name: (d["queries"], d["docs"]) for name, d in details.items()})
     texts = sum(d["queries"] + d["docs"] for d in details.values())
     summary = {
         "mode": "eval",
         "model": encoder.name_or_path,
-        "pooling": encoder.pooling,
-        "normalize": encoder.normalize,
+        "task": cfg.get("task", "embed"),
+        "pooling": getattr(encoder, "pooling", None),  # a reranker (task=rerank) has neither
+        "normalize": getattr(encoder, "normalize", None),
         "max_length": int(cfg.eval.max_length) if cfg.get("eval") else encoder.max_length,
         "query_prefix": encoder.query_prefix,
         "doc_prefix": encoder.doc_prefix,
@@ -93,8 +100,10 @@ def write_eval_report(output_dir: Path, cfg: DictConfig, encoder: Encoder, detai
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
     write_json_atomic(output_dir / "metrics.json", summary)
-    header = (f"# Retrieval evaluation\n\nmodel: `{encoder.name_or_path}` (pooling {encoder.pooling}, "
-              f"normalize {encoder.normalize}), precision {cfg.trainer.precision}, {world_size} process(es), "
+    shape = (f"reranking {cfg.eval.retriever}'s top {cfg.eval.rerank_depth}" if isinstance(encoder, CrossEncoder)
+             else f"pooling {encoder.pooling}, normalize {encoder.normalize}")
+    header = (f"# Retrieval evaluation\n\nmodel: `{encoder.name_or_path}` ({shape}), precision "
+              f"{cfg.trainer.precision}, {world_size} process(es), "
               f"{seconds:.1f} s, peak RSS per process {', '.join(f'{mb / 1024:.2f}' for mb in peaks)} GiB\n\n")
     write_text_atomic(output_dir / "metrics.md", header + table)
     print(f"{table}\nmetrics: {output_dir / 'metrics.json'}\ntable:   {output_dir / 'metrics.md'}")

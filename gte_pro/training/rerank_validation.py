@@ -23,7 +23,7 @@ import torch
 
 from gte_pro.errors import ConfigError
 from gte_pro.evaluation.metrics import TOP_K
-from gte_pro.mining.embed import embed_texts, gather_embeddings
+from gte_pro.mining.embed import embed_texts, embed_tokens, gather_embeddings
 from gte_pro.models.encoder import Encoder
 from gte_pro.retrieval import RetrievalSet, all_gather_rows, sharded_rank
 
@@ -37,13 +37,17 @@ def retriever_candidates(retriever: Encoder, retrieval: RetrievalSet, depth: int
                          autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> list[list[int]]:
     """The ``depth`` best corpus entries of each query by the retriever's cosine (every rank: the same lists)."""
     queries = [retriever.query_prefix + q for q in retrieval.queries]
-    corpus = [retriever.doc_prefix + d for d in retrieval.corpus]
     query_emb, query_index = embed_texts(retriever, queries, batch_size, retriever.max_length, rank, world_size,
                                          autocast, what="queries")
-    shard_emb, shard_index = embed_texts(retriever, corpus, batch_size, retriever.max_length, rank, world_size,
-                                         autocast, what="documents")
+    if hasattr(retrieval.corpus, "tokens_for"):  # a BEIR corpus kept as the reranker's token ids: the retriever's
+        tokens = retrieval.corpus.tokens_for(retriever.tokenizer, retriever.max_length, retriever.doc_prefix)
+        shard_emb, shard_index = embed_tokens(retriever, tokens, batch_size, rank, world_size, autocast, "documents")
+    else:
+        corpus = [retriever.doc_prefix + d for d in retrieval.corpus]
+        shard_emb, shard_index = embed_texts(retriever, corpus, batch_size, retriever.max_length, rank, world_size,
+                                             autocast, what="documents")
     all_queries = gather_embeddings(query_emb, query_index, len(queries))
-    return sharded_rank(all_queries, shard_emb, shard_index, len(corpus), depth).cpu().tolist()
+    return sharded_rank(all_queries, shard_emb, shard_index, len(retrieval.corpus), depth).cpu().tolist()
 
 
 def rows_candidates(retrieval: RetrievalSet, name: str) -> list[list[int]]:
