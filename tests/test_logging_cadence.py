@@ -27,7 +27,7 @@ def _fit(make_cfg, out: Path, monkeypatch: pytest.MonkeyPatch, always_log: bool)
 
     monkeypatch.setattr(LightningModule, "log", counting_log)
     if always_log:  # the old behaviour: every step
-        for module in ("gte_pro.training.module", "gte_pro.training.guard", "gte_pro.training.callbacks"):
+        for module in ("gte_pro.training.base_module", "gte_pro.training.guard", "gte_pro.training.callbacks"):
             monkeypatch.setattr(f"{module}.logs_this_step", lambda trainer: True)
     cfg = make_cfg(["debug=fast", "logger=csv", "callbacks=default", f"trainer.limit_train_batches={STEPS}",
                     f"trainer.log_every_n_steps={EVERY}", "eval.before=false", "export.hf=false",

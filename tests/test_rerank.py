@@ -252,6 +252,39 @@ def test_mode_eval_reranks_a_beir_set_with_any_cross_encoder(make_cfg, tmp_path:
 
 
 @pytest.mark.slow
+def test_a_reranker_trains_on_two_ranks_and_validates_as_one_process(tmp_path: Path, cache_dir: Path,
+                                                                     retriever_folder: str):
+    """`task=rerank strategy=ddp devices=2` through train.py on gloo: candidates embedded in shares, pair scores
+    gathered; the untrained model's figures (the same weights) equal one process's, the held-out split's and a BEIR
+    set's, and the exports are verified."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.beir_data import write_beir_folder
+    from tests.conftest import REPO
+
+    beir = write_beir_folder(tmp_path / "topics")
+    base = [sys.executable, "train.py", *_rerank_run(retriever_folder), f"eval.beir=[{beir}]",
+            f"paths.cache_dir={cache_dir}", "callbacks.progress_bar=null", "logger=none"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    runs = {}
+    for devices in (1, 2):
+        run_dir = tmp_path / f"devices{devices}"
+        ddp = ["strategy=ddp", "devices=2"] if devices == 2 else []
+        proc = subprocess.run([*base, *ddp, f"hydra.run.dir={run_dir}"], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=900)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+        runs[devices] = json.loads((run_dir / "metrics.json").read_text())
+    assert runs[2]["world_size"] == 2 and runs[2]["global_step"] == 4
+    before_one, before_two = runs[1]["val_before"], runs[2]["val_before"]
+    assert {"val/ndcg@10", "val/topics/ndcg@10", "val/topics/retriever/ndcg@10"} <= set(before_two)
+    for key, value in before_one.items():
+        assert before_two[key] == pytest.approx(value, abs=1e-6), key
+    assert max(runs[2]["exports"]["max_abs_score_diff"].values()) <= 1e-4
+
+
+@pytest.mark.slow
 def test_a_stopped_rerank_run_resumes_to_bit_identical_weights(make_cfg, tmp_path: Path, retriever_folder: str):
     run = [*RUN, *_rerank_run(retriever_folder)]
     reference = tmp_path / "reference"
