@@ -6,6 +6,7 @@ Usage::
 
     python benchmarks/bench_teachers.py [--seeds 1,2,3] [--variants inbatch,mined,...] [--negatives 3]
         [--max-train 2000] [--max-test 500] [--epochs 2 | --steps N] [--model minilm] [--reranker reranker_minilm]
+        [--reranker-lr 5e-5] [--reranker-steps N]
         [--rerank-depth 100] [--range-max 100] [--workdir /tmp/gte_pro_bench_teachers] [--override key=value ...]
         [--timeout S] [--json FILE] [--dry-run] [--reuse | --report]
 
@@ -82,6 +83,9 @@ def step_commands(args: argparse.Namespace, data: Path) -> dict[str, list[str]]:
     mine_base = [f"model={args.model}", "data=jsonl", f"data.train_file={data / 'train.jsonl'}",
                  f"mine.num_negatives={args.negatives}", f"mine.range_max={args.range_max}", cache]
     student_like = [o for o in common_overrides(args, data) if not o.startswith(("model=", "model.lr="))]
+    if args.reranker_steps:  # the reranker may train longer than a student: its wall time counts in the pipelines
+        student_like = [o for o in student_like if not o.startswith("trainer.max_steps=")]
+        student_like.append(f"trainer.max_steps={args.reranker_steps}")
     return {
         "mine": harness.train_command("mode=mine", *mine_base, f"mine.output={work(args) / 'mined.jsonl'}",
                                       f"hydra.run.dir={runs(args) / 'mine'}", *args.override),
@@ -222,6 +226,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--negatives", type=int, default=3, help="hard negatives per row (mined, and in each group)")
     parser.add_argument("--reranker", default="reranker_minilm", help="the reranker's model= option")
     parser.add_argument("--reranker-lr", default="5e-5")
+    parser.add_argument("--reranker-steps", type=int, default=None,
+                        help="the reranker's trainer.max_steps (with --steps; default: the students' --steps)")
     parser.add_argument("--rerank-depth", type=int, default=100)
     parser.add_argument("--range-max", type=int, default=100,
                         help="mine.range_max of both minings: the window a teacher rescores (range_min is 10)")
