@@ -133,6 +133,21 @@ def _too_close(scores: torch.Tensor, positive: torch.Tensor, options: MiningOpti
     return drop
 
 
+def pick_survivors(survivor: torch.Tensor, order: torch.Tensor, draw_keys: torch.Tensor, options: MiningOptions,
+                   first_row: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(columns chosen, whether each is a survivor): up to ``num_negatives`` survivors per query, the first by
+    ``order`` (sampling=top), or a uniform draw (sampling=random: the smallest keys of (seed, query, ``draw_keys``),
+    the same in every process)."""
+    if options.sampling == "random":
+        queries = torch.arange(first_row, first_row + survivor.shape[0], device=survivor.device)[:, None]
+        key = _mix(_mix(_mix(torch.full_like(queries, options.seed)) + queries) + draw_keys)
+    else:
+        key = order
+    key = torch.where(survivor, key, torch.iinfo(torch.long).max)
+    chosen = torch.sort(key, dim=1, stable=True).indices[:, : min(options.num_negatives, survivor.shape[1])]
+    return chosen, survivor.gather(1, chosen)
+
+
 def _select(ids: torch.Tensor, scores: torch.Tensor, positive: torch.Tensor, is_positive: torch.Tensor,
             first_row: int, options: MiningOptions, num_corpus: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     """From candidates ordered best first: (indices, scores) of the kept negatives, and how many were dropped."""
@@ -142,15 +157,8 @@ def _select(ids: torch.Tensor, scores: torch.Tensor, positive: torch.Tensor, is_
     drop = window & _too_close(scores, positive, options)
     survivor = window & ~drop
     columns = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
-    if options.sampling == "random":  # a uniform draw: the survivors with the smallest keys of (seed, query, rank)
-        queries = torch.arange(first_row, first_row + ids.shape[0], device=ids.device)[:, None]
-        key = _mix(_mix(_mix(torch.full_like(queries, options.seed)) + queries) + rank)
-    else:
-        key = columns
-    key = torch.where(survivor, key, torch.iinfo(torch.long).max)
-    take = min(options.num_negatives, ids.shape[1])
-    chosen = torch.sort(key, dim=1, stable=True).indices[:, :take]
-    kept = survivor.gather(1, chosen)
+    chosen, kept = pick_survivors(survivor, columns, rank, options, first_row)
+    take = chosen.shape[1]
     # best first: kept ones in column (= score) order, then the padding
     chosen = chosen.gather(1, torch.sort(torch.where(kept, chosen, chosen + ids.shape[1]), dim=1).indices)
     kept = survivor.gather(1, chosen)

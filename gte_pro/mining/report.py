@@ -16,6 +16,7 @@ from gte_pro.mining.core import MinedNegatives
 from gte_pro.mining.problem import MiningProblem
 from gte_pro.mining.rescore import Rescored
 from gte_pro.utils.files import write_atomic, write_json_atomic, write_text_atomic
+from gte_pro.utils.plots import score_histograms
 from gte_pro.utils.tables import markdown_table
 
 
@@ -132,30 +133,15 @@ def summary_markdown(summary: dict[str, Any], files: dict[str, Path]) -> str:
 def plot_scores(path: Path, mined: MinedNegatives, teacher_kind: str | None = None) -> Path:
     """Histogram of the queries' positive scores and the mined negatives' scores (matplotlib, headless): cosine
     scores, or with ``teacher_kind`` the teacher's (a cross-encoder's logits have no upper bound)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
     positive = mined.positive_scores[~torch.isnan(mined.positive_scores)].cpu().numpy()
     negative = mined.scores[~torch.isnan(mined.scores)].cpu().numpy()
-    figure, axes = plt.subplots(figsize=(7, 4))
     values = [v for v in (positive, negative) if len(v)]
     low = min((float(v.min()) for v in values), default=-1.0)
     high = 1.0 if teacher_kind is None else max((float(v.max()) for v in values), default=1.0)
     bins = [low + (high - low) * i / 50 for i in range(51)] if low < high else 50
-    for scores, label in ((negative, "mined negatives"), (positive, "positives")):
-        if len(scores):  # an empty histogram with density=True divides by zero
-            axes.hist(scores, bins=bins, alpha=0.6, density=True, label=f"{label} ({len(scores)})")
-    axes.set_xlabel("cosine score to the query" if teacher_kind is None else f"the teacher's score ({teacher_kind})")
-    axes.set_ylabel("density")
-    if values:
-        axes.legend()
-    figure.tight_layout()
-    try:
-        return write_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=100))
-    finally:
-        plt.close(figure)
+    return score_histograms(path, [(negative, "mined negatives"), (positive, "positives")],
+                            "cosine score to the query" if teacher_kind is None else
+                            f"the teacher's score ({teacher_kind})", bins)
 
 
 def train_command(output: Path, summary: dict[str, Any]) -> str:

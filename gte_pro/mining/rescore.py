@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gte_pro.mining.core import MinedNegatives, _mix, _too_close
+from gte_pro.mining.core import MinedNegatives, _too_close, pick_survivors
 from gte_pro.mining.options import MiningOptions
 from gte_pro.mining.problem import MiningCorpus
 from gte_pro.models.teacher import Teacher
@@ -73,15 +73,9 @@ def select_rescored(ids: torch.Tensor, scores: torch.Tensor, positive: torch.Ten
     by_teacher = torch.sort(torch.where(valid, -scores, math.inf), dim=1, stable=True).indices
     columns = torch.arange(ids.shape[1]).expand_as(ids)
     place = torch.empty_like(by_teacher).scatter_(1, by_teacher, columns)
-    if options.sampling == "random":  # a uniform draw: the survivors with the smallest keys of (seed, query, rank)
-        queries = torch.arange(first_row, first_row + ids.shape[0])[:, None]
-        key = _mix(_mix(_mix(torch.full_like(queries, options.seed)) + queries) + columns)
-    else:
-        key = place
-    key = torch.where(survivor, key, torch.iinfo(torch.long).max)
-    take = min(options.num_negatives, ids.shape[1])
-    chosen = torch.sort(key, dim=1, stable=True).indices[:, :take]
-    kept = survivor.gather(1, chosen)
+    # sampling=random draws by embedder rank, as mining without a teacher does
+    chosen, kept = pick_survivors(survivor, place, columns, options, first_row)
+    take = chosen.shape[1]
     # best first by teacher score, then the padding
     order = torch.where(kept, place.gather(1, chosen), place.gather(1, chosen) + ids.shape[1])
     chosen = chosen.gather(1, torch.sort(order, dim=1).indices)

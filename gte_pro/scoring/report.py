@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from gte_pro.scoring.core import quantiles
-from gte_pro.utils.files import write_atomic, write_json_atomic, write_text_atomic
+from gte_pro.utils.files import write_json_atomic, write_text_atomic
+from gte_pro.utils.plots import score_histograms
 from gte_pro.utils.tables import markdown_table
 
 
@@ -60,26 +61,8 @@ def summary_markdown(summary: dict[str, Any], files: dict[str, Path]) -> str:
 
 def plot_histograms(path: Path, positives: np.ndarray, negatives: np.ndarray, kind: str) -> Path:
     """Histograms of the positives' and the negatives' teacher scores on shared bins (matplotlib, headless)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(7, 4))
-    values = [np.asarray(v, dtype=np.float64) for v in (positives, negatives) if len(v)]
-    bins = np.histogram_bin_edges(np.concatenate(values), bins=50) if values else 50
-    for array, label in ((negatives, "negatives"), (positives, "positives")):
-        if len(array):  # an empty histogram with density=True divides by zero
-            axes.hist(array, bins=bins, alpha=0.6, density=True, label=f"{label} ({len(array)})")
-    axes.set_xlabel("teacher score (logit)" if kind == "cross-encoder" else "teacher score (cosine)")
-    axes.set_ylabel("density")
-    if values:
-        axes.legend()
-    figure.tight_layout()
-    try:
-        return write_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=100))
-    finally:
-        plt.close(figure)
+    return score_histograms(path, [(negatives, "negatives"), (positives, "positives")],
+                            "teacher score (logit)" if kind == "cross-encoder" else "teacher score (cosine)")
 
 
 def train_command(output: Path) -> str:

@@ -190,3 +190,29 @@ def _plot_sweep_curves(sweep_dir: Path, rows: Sequence[dict[str, Any]], metric: 
     val_ax.set(title=metric, xlabel="step")
     val_ax.legend(fontsize=7)
     return _save(plt, figure, sweep_dir / "curves.png")
+
+
+def score_histograms(path: Path, series: Sequence[tuple[Any, str]], xlabel: str,
+                     bins: Sequence[float] | int | None = None) -> Path:
+    """Density histograms of score arrays on shared bins, each labelled with its count (an empty one is left out:
+    density=True would divide by zero), written atomically as a PNG. ``bins``: the edges; None: 50 over the data."""
+    import numpy as np
+
+    from gte_pro.utils.files import write_atomic
+
+    plt = _pyplot()
+    figure, axes = plt.subplots(figsize=(7, 4))
+    present = [(np.asarray(values, dtype=np.float64), label) for values, label in series if len(values)]
+    if bins is None:
+        bins = np.histogram_bin_edges(np.concatenate([v for v, _ in present]), bins=50) if present else 50
+    for values, label in present:
+        axes.hist(values, bins=bins, alpha=0.6, density=True, label=f"{label} ({len(values)})")
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel("density")
+    if present:
+        axes.legend()
+    figure.tight_layout()
+    try:
+        return write_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=100))
+    finally:
+        plt.close(figure)
