@@ -33,9 +33,10 @@ class RerankModule(TrainingModule):
     or hub name, or ``rows``), ``rerank_depth`` of them per query."""
 
     def __init__(self, *args: Any, retriever: str | None = None, rerank_depth: int = 100,
-                 retriever_batch_size: int = 64, **kwargs: Any) -> None:
+                 retriever_batch_size: int = 64, retriever_max_length: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.retriever = retriever
+        self.retriever_max_length = retriever_max_length  # the evaluation's truncation (eval.max_length)
         self.rerank_depth = int(rerank_depth)
         self.retriever_batch_size = int(retriever_batch_size)
         self._val_rows: dict[int, ValidationRows] = {}
@@ -46,7 +47,8 @@ class RerankModule(TrainingModule):
     def options_from_config(cls, config: dict[str, Any]) -> dict[str, Any]:
         evaluation = config.get("eval") or {}
         return {"retriever": evaluation.get("retriever"), "rerank_depth": evaluation.get("rerank_depth", 100),
-                "retriever_batch_size": evaluation.get("retriever_batch_size", 64)}
+                "retriever_batch_size": evaluation.get("retriever_batch_size", 64),
+                "retriever_max_length": evaluation.get("max_length")}
 
     # --- training ---------------------------------------------------------------------------------------------
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
@@ -76,7 +78,8 @@ class RerankModule(TrainingModule):
             raise ConfigError("task=rerank validates by reranking an embedder's top documents: set "
                              "eval.retriever=<embedder path or hub name> (or eval.retriever=rows)")
         device = self.trainer.strategy.root_device
-        retriever = Encoder(self.retriever).to(device)
+        options = {"max_length": self.retriever_max_length} if self.retriever_max_length else {}
+        retriever = Encoder(self.retriever, **options).to(device)
         rank, world_size = self.trainer.global_rank, self.trainer.world_size
         found = []
         for name, retrieval in sets:
