@@ -51,6 +51,17 @@ if not OmegaConf.has_resolver("cached_model"):
     OmegaConf.register_new_resolver("cached_model", cached_model_path)
 
 
+def _tiny_bpe_tokenizer() -> str:
+    from gte_pro.models.tiny_tokenizer import tiny_bpe_tokenizer
+
+    return tiny_bpe_tokenizer()
+
+
+# ${tiny_bpe_tokenizer:} in conf/model/tiny_qwen2.yaml: a byte-level BPE tokenizer built offline into the cache
+if not OmegaConf.has_resolver("tiny_bpe_tokenizer"):
+    OmegaConf.register_new_resolver("tiny_bpe_tokenizer", _tiny_bpe_tokenizer)
+
+
 def _run_stamp() -> str:
     from gte_pro.launch.environment import run_stamp
 

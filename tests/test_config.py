@@ -46,7 +46,7 @@ def test_every_group_has_options_and_the_defaults_compose(make_cfg):
 
 @pytest.mark.parametrize("option", [o for o in options("model") if o not in RERANKERS])
 def test_model_options(make_cfg, option):
-    overrides = [f"model={option}"] + (["model.name_or_path=/somewhere"] if option == "encoder" else [])
+    overrides = [f"model={option}"] + (["model.name_or_path=/somewhere"] if option in ("encoder", "decoder") else [])
     cfg = make_cfg(overrides)
     assert cfg.model._target_ == "gte_pro.models.encoder.Encoder" and cfg.model.lr > 0
     assert cfg.model.max_length == cfg.data.max_length

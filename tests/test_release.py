@@ -130,7 +130,7 @@ def test_model_card_names_base_model_data_loss_hyperparameters_and_metrics(relea
     cfg, run, beir_dir = release_run
     card = (run / "model" / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: sentence-transformers")
-    for expected in ("randomly initialised BERT", "BeirDataModule", str(beir_dir), "InfoNCELoss",
+    for expected in ("a randomly initialised bert", "BeirDataModule", str(beir_dir), "InfoNCELoss",
                      "| temperature | 0.05 |", "| learning rate | 0.001 |", "| batch size per device | 8 |",
                      "| optimizer steps | 2 |",
                      "| set | ndcg@10 | ndcg@10 before |", "| scifake |", "| held-out |", "SentenceTransformer("):

@@ -41,7 +41,7 @@ def test_no_model_option_runs_hub_code_unless_the_user_sets_it(make_cfg, monkeyp
 
     monkeypatch.setattr(model_module.AutoTokenizer, "from_pretrained", record)
     # encoder and cross_encoder name no model; mpnet's folder is fetched by `make fetch-mpnet`, not here
-    extra = ["model.name_or_path=/somewhere"] if option in ("encoder", "cross_encoder", "mpnet") else []
+    extra = ["model.name_or_path=/somewhere"] if option in ("encoder", "cross_encoder", "mpnet", "decoder") else []
     for user_value, expected in ((None, False), ("true", True)):
         seen.clear()
         overrides = [f"model={option}", *extra] + ([f"model.trust_remote_code={user_value}"] if user_value else [])

@@ -67,6 +67,8 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "model.max_length": at_least(1),
     "model.gradient_checkpointing": FLAG,
     "model.compile": FLAG,
+    "model.padding_side": choice("left", "right", None),
+    "model.append_eos": FLAG,
     "model.length_chunks": lambda v: None if v == "auto" or not integer(1)(v) else "expected auto or an integer >= 1",
     "model.lora": lambda v: known_keys(v, LORA_KEYS, "{r: 16, alpha: 32, dropout: 0.1}"),
     "model.projection": lambda v: known_keys(v, PROJECTION_KEYS, "{dims: [512, 512], activation: relu, dropout: 0.1}"),

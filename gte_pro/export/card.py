@@ -22,7 +22,9 @@ def card_sections(cfg: DictConfig, summary: dict[str, Any]) -> dict[str, dict[st
     model, data = cfg.model, cfg.data
     base = str(model.name_or_path)
     if model.get("random_init_config"):
-        base = f"randomly initialised BERT {dict(model.random_init_config)} with the tokenizer of {base}"
+        fields = dict(model.random_init_config)
+        base = (f"a randomly initialised {fields.get('model_type', 'bert')} ({fields.get('num_hidden_layers', '?')} "
+                f"layers, hidden size {fields.get('hidden_size', '?')}) with the tokenizer of {Path(base).name}")
     sources = {key: str(data[key]) for key in ("path", "train_file", "val_file", "name") if data.get(key)}
     kept = "; ".join(f"{r['source']}: {r['kept']} of {r['read']} rows kept" for r in summary.get("data") or [])
     scheduler = cfg.get("scheduler")

@@ -124,8 +124,9 @@ def embed(texts):
         emb = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
     elif settings["pooling"] == "cls":
         emb = hidden[:, 0]
-    else:  # "last": the last real token (right padding)
-        emb = hidden[torch.arange(len(hidden)), batch["attention_mask"].sum(1) - 1]
+    else:  # "last": the last real token, with left or right padding
+        mask = batch["attention_mask"]
+        emb = hidden[torch.arange(len(hidden)), mask.shape[1] - 1 - mask.flip(1).argmax(1)]
     if settings.get("projection"):  # the projection head: linear layers, each followed by its activation
         from safetensors.torch import load_file
         head = load_file(f"{{folder}}/{{settings['projection_file']}}")

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification
+from transformers import AutoModelForSequenceClassification
 
 from gte_pro.models.length_chunks import chunks_for, parse_length_chunks, pass_plan, run_in_chunks
 from gte_pro.models.loading import (
@@ -26,6 +26,7 @@ from gte_pro.models.loading import (
     enable_gradient_checkpointing,
     load_tokenizer,
     load_weights,
+    random_config,
 )
 from gte_pro.models.pairs import PairBatcher
 
@@ -54,8 +55,9 @@ class CrossEncoder(nn.Module):
         self.tokenizer = load_tokenizer(self.name_or_path, trust_remote_code)
         if random_init_config is not None:
             # a small randomly initialised BERT with the named tokenizer (tests, debugging)
-            config = BertConfig(vocab_size=len(self.tokenizer), num_labels=1, **dict(random_init_config))
-            self.backbone: nn.Module = BertForSequenceClassification(config)
+            config = random_config(self.tokenizer, random_init_config, num_labels=1)
+            self.backbone: nn.Module = AutoModelForSequenceClassification.from_config(
+                config, attn_implementation=attn_implementation)
         else:
             # a checkpoint with a trained one-logit head keeps it; an embedder (no head) gets a new one, which
             # transformers reports: that report is the expected start of a reranker, not a problem

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoModel, BertConfig, PreTrainedTokenizerBase
+from transformers import AutoModel, PreTrainedTokenizerBase
 
 from gte_pro.errors import ConfigError
 from gte_pro.models.heads import build_projection, load_dense_head
@@ -28,6 +28,8 @@ from gte_pro.models.loading import (
     enable_gradient_checkpointing,
     load_tokenizer,
     load_weights,
+    prepare_tokenizer,
+    random_config,
 )
 from gte_pro.models.lora import with_lora
 from gte_pro.models.pooling import POOLING_MODES, detect_pooling, pool
@@ -54,14 +56,17 @@ class Encoder(nn.Module):
         lora: dict[str, Any] | None = None,
         projection: dict[str, Any] | None = None,
         length_chunks: int | str = 1,
+        padding_side: str | None = None,
+        append_eos: bool = False,
     ) -> None:
         super().__init__()
         check_trust_remote_code(trust_remote_code)
         self.name_or_path = str(name_or_path)
         self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(self.name_or_path, trust_remote_code)
+        prepare_tokenizer(self.tokenizer, padding_side, append_eos)
         if random_init_config is not None:
             # a small randomly initialised BERT that shares the named tokenizer (used by tests / debug)
-            config = BertConfig(vocab_size=len(self.tokenizer), **dict(random_init_config))
+            config = random_config(self.tokenizer, random_init_config)
             self.backbone = AutoModel.from_config(config, attn_implementation=attn_implementation)
             detected_pooling, detected_normalize = None, None
         else:
@@ -137,6 +142,10 @@ class Encoder(nn.Module):
         return pass_plan(attention_mask, self.chunks_on(attention_mask.device))
 
     def _embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **extra: torch.Tensor) -> torch.Tensor:
+        if self.tokenizer.padding_side == "left" and "position_ids" not in extra:
+            # left padding moves every real token right by its row's padding: positions counted over the real
+            # tokens keep a text's embedding the same in any batch (and equal to right padding's)
+            extra["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, **extra)
         embeddings = pool(out.last_hidden_state, attention_mask, self.pooling)
         if self.projection is not None:

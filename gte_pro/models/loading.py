@@ -5,11 +5,12 @@ name as a ``MissingModelError`` naming ``model.name_or_path``), the attention fa
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from gte_pro.errors import ConfigError, MissingModelError
 
@@ -81,3 +82,63 @@ def enable_gradient_checkpointing(model: nn.Module) -> None:
         enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def random_config(tokenizer: PreTrainedTokenizerBase, fields: Mapping[str, Any], **extra: Any) -> PretrainedConfig:
+    """``model.random_init_config``: the transformers config of a randomly initialised model (tests, debugging) for
+    this tokenizer: ``model_type`` (bert unless named: qwen2, modernbert, any transformers architecture), the
+    tokenizer's vocabulary size and special-token ids, then ``fields`` (hidden_size, num_hidden_layers, ...)."""
+    fields = dict(fields)
+    model_type = str(fields.pop("model_type", "bert"))
+    tokens = {f"{name}_token_id": getattr(tokenizer, f"{name}_token_id", None)
+              for name in ("pad", "bos", "eos", "cls", "sep")}
+    tokens = {key: value for key, value in tokens.items() if value is not None}
+    # a BERT tokenizer has no begin/end-of-sequence tokens: its CLS and SEP play their part
+    tokens.setdefault("bos_token_id", tokens.get("cls_token_id"))
+    tokens.setdefault("eos_token_id", tokens.get("sep_token_id"))
+    try:
+        return AutoConfig.for_model(model_type, vocab_size=len(tokenizer), **{**tokens, **extra, **fields})
+    except ValueError as err:
+        raise ConfigError(f"model.random_init_config.model_type={model_type!r}: {str(err).splitlines()[0]}") from err
+
+
+def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase, padding_side: str | None, eos: bool) -> None:
+    """``model.padding_side`` (left: a decoder embedder's usual batches; null: the tokenizer's own) and
+    ``model.append_eos``."""
+    if padding_side is not None:
+        if padding_side not in ("left", "right"):
+            raise ConfigError(f"model.padding_side={padding_side!r} is not valid; valid choices: left, right, null")
+        tokenizer.padding_side = padding_side
+    if eos is True:
+        append_eos(tokenizer)
+    elif eos is not False:
+        raise ConfigError(f"model.append_eos={eos!r} is not valid; valid choices: true, false")
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        # decoder tokenizers often have no pad token; any id will do under the attention mask, and theirs is EOS
+        tokenizer.pad_token = tokenizer.eos_token
+
+
+def append_eos(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Make every tokenization of a single text end with the tokenizer's end-of-sequence token, as decoder
+    embedders (gte-Qwen2, e5-mistral) are trained to read their last token; returns whether it changed anything
+    (False when the tokenizer already ends texts with it). The token cache's key covers the tokenizer's
+    post-processor, so caches built without it are not reused; exports save the tokenizer with it."""
+    from tokenizers import processors
+
+    # a tokenizer without an EOS token (BERT's) ends a text with its separator, which plays that part
+    eos, eos_id = ((tokenizer.eos_token, tokenizer.eos_token_id) if tokenizer.eos_token_id is not None
+                   else (tokenizer.sep_token, tokenizer.sep_token_id))
+    if eos is None or eos_id is None:
+        raise ConfigError(f"model.append_eos=true: tokenizer {tokenizer.name_or_path} has no eos_token")
+    probe = tokenizer("a")["input_ids"]
+    if probe and probe[-1] == eos_id:
+        return False
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise ConfigError(f"model.append_eos=true needs a fast tokenizer; {tokenizer.name_or_path} is not one")
+    head = "$A" if not probe or probe[0] != tokenizer.bos_token_id else f"{tokenizer.bos_token} $A"
+    special = [(eos, eos_id)] + ([(tokenizer.bos_token, tokenizer.bos_token_id)]
+                                                  if head != "$A" else [])
+    backend.post_processor = processors.TemplateProcessing(single=f"{head} {eos}", pair=f"{head} {eos} $B {eos}",
+                                                           special_tokens=special)
+    return True

@@ -27,10 +27,8 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
         return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
     if mode == "last":
-        # works for right padding; with left padding the last position is always a real token
-        last = attention_mask.sum(1) - 1
-        if bool((attention_mask[:, -1] == 1).all()):
-            last = torch.full_like(last, attention_mask.shape[1] - 1)
+        # the last real token of each row, with left or right padding: the first 1 of the mask read backwards
+        last = attention_mask.shape[1] - 1 - attention_mask.flip(1).argmax(1)
         return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
     raise ConfigError(f"unknown pooling mode {mode!r}; valid choices: {', '.join(POOLING_MODES)}")
 

@@ -36,11 +36,18 @@ class EncoderSchema:
     # a head on top of pooling, before normalisation, e.g. {dims: [512, 512], activation: relu, dropout: 0.1};
     # exported as sentence-transformers Dense modules. activation: relu | gelu | tanh | identity. null: none
     projection: Any = None  # a dict or null (see the module docstring)
-    # a dict of BertConfig fields: build a randomly initialised BERT with the named tokenizer (tests, debugging)
+    # a dict of config fields: a randomly initialised model with the named tokenizer (tests, debugging); BERT unless
+    # it names another transformers architecture, e.g. {model_type: qwen2, hidden_size: 64, ...}
     random_init_config: Any = None  # a dict or null (see the module docstring)
-    # prompts prepended to queries / documents (e5/bge style, e.g. "query: ")
+    # prompts prepended to queries / documents (e5/bge style, e.g. "query: "; a decoder embedder's instruction,
+    # "Instruct: <task>\nQuery: ")
     query_prefix: str = ""
     doc_prefix: str = ""
+    # left | right | null (the tokenizer's own): decoder embedders batch with left padding
+    padding_side: str | None = None
+    # end every text with the tokenizer's EOS token (decoder embedders pool that last token); a tokenizer that
+    # already appends it is left as it is
+    append_eos: FLAG = False
     # learning rate (read by optimizer/*); sweep it with `-m model.lr=1e-5,2e-5,5e-5`
     lr: float = 2e-5
 
@@ -60,7 +67,7 @@ class CrossEncoderSchema:
     gradient_checkpointing: FLAG = False
     length_chunks: Any = "auto"
     compile: FLAG = False
-    random_init_config: Any = None  # a dict of BertConfig fields, or null (tests, debugging)
+    random_init_config: Any = None  # config fields (any architecture: model_type), or null (tests, debugging)
     query_prefix: str = ""
     doc_prefix: str = ""
     lr: float = 2e-5

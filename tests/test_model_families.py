@@ -1,0 +1,98 @@
+"""Model families beyond BERT: randomly initialised configs of any architecture, decoder embedders (last-token
+pooling with either padding, the EOS appended, instructions) and ModernBERT, trained and exported offline."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from gte_pro import packaged_minilm_path
+from gte_pro.data.cache import tokenizer_fingerprint
+from gte_pro.errors import ConfigError
+from gte_pro.models.encoder import Encoder
+from gte_pro.models.loading import append_eos, random_config
+from gte_pro.models.pooling import pool
+from gte_pro.models.tiny_tokenizer import EOS, tiny_bpe_tokenizer
+from gte_pro.train import train
+
+QWEN2 = {"model_type": "qwen2", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+         "num_key_value_heads": 2, "intermediate_size": 64, "max_position_embeddings": 256}
+BERT = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+TEXTS = ["how do I sort a list", "sorted(iterable) returns a new sorted list from the items of iterable",
+         "open a file", "a dictionary maps keys to values; d.get(key, default) reads one"]
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return tiny_bpe_tokenizer(tmp_path_factory.mktemp("bpe"))
+
+
+def test_random_init_config_builds_the_named_architecture(tokenizer):
+    assert type(random_config(tokenizer, {"hidden_size": 32})).__name__ == "BertConfig"
+    config = random_config(tokenizer, QWEN2)
+    assert type(config).__name__ == "Qwen2Config" and config.vocab_size == len(tokenizer)
+    assert config.pad_token_id == tokenizer.pad_token_id and config.eos_token_id == tokenizer.sep_token_id
+    with pytest.raises(ConfigError, match="model.random_init_config.model_type='qwen9'"):
+        random_config(tokenizer, {"model_type": "qwen9"})
+
+
+def test_last_token_pooling_reads_the_last_real_token_with_either_padding():
+    hidden = torch.arange(2 * 4, dtype=torch.float32).view(2, 4, 1)
+    right = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
+    left = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    assert pool(hidden, right, "last").flatten().tolist() == [1.0, 7.0]
+    assert pool(hidden, left, "last").flatten().tolist() == [3.0, 7.0]
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "bert"])
+def test_left_and_right_padding_give_the_same_embeddings(kind: str, bpe: str):
+    """A decoder (rotary positions) and BERT (absolute positions: the encoder counts positions over the real
+    tokens), each text in a padded batch as alone."""
+    name, fields = (bpe, QWEN2) if kind == "qwen2" else (packaged_minilm_path(), BERT)
+    embeddings = {}
+    for side in ("left", "right"):
+        torch.manual_seed(0)
+        encoder = Encoder(name, random_init_config=fields, pooling="last", padding_side=side, max_length=64,
+                          length_chunks=1).eval()
+        embeddings[side] = encoder.encode(TEXTS, batch_size=4)
+        alone = torch.cat([encoder.encode([text]) for text in TEXTS])
+        torch.testing.assert_close(embeddings[side], alone, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(embeddings["left"], embeddings["right"], rtol=1e-4, atol=1e-5)
+
+
+def test_append_eos_ends_every_text_with_it_once(bpe: str):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(bpe)
+    before = tokenizer_fingerprint(tokenizer)
+    assert tokenizer("open a file")["input_ids"][-1] != tokenizer.eos_token_id
+    assert append_eos(tokenizer) is True and append_eos(tokenizer) is False  # once
+    ids = tokenizer(["open a file", "x"])["input_ids"]
+    assert all(row[-1] == tokenizer.convert_tokens_to_ids(EOS) for row in ids)
+    assert tokenizer.convert_ids_to_tokens(ids[1]).count(EOS) == 1
+    # the token cache's key sees the change: a cache built without the EOS is not reused
+    assert tokenizer_fingerprint(tokenizer) != before
+    # BERT ends a text with [SEP], which plays the EOS's part: nothing to add
+    bert = AutoTokenizer.from_pretrained(packaged_minilm_path())
+    assert append_eos(bert) is False
+
+
+@pytest.mark.parametrize("model", ["tiny_qwen2", "tiny_modernbert"])
+def test_decoder_and_modernbert_train_and_export_offline(make_cfg, tmp_path: Path, model: str):
+    """`python train.py debug=fast model=tiny_qwen2` (and ModernBERT): trains, validates, and its
+    sentence-transformers and Hugging Face exports reproduce the module's embeddings (checked by the run)."""
+    out = tmp_path / model
+    cfg = make_cfg(["debug=fast", f"model={model}", "logger=none"], output_dir=out)
+    if model == "tiny_qwen2":  # an instruction before each query, none before documents
+        assert cfg.model.query_prefix.startswith("Instruct: ") and cfg.model.doc_prefix == ""
+    train(cfg)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["global_step"] == 4 and "val/ndcg@10" in metrics["val"]
+    assert min(metrics["exports"]["min_cosine"].values()) >= 0.9999
+    architecture = json.loads((out / "model" / "config.json").read_text())["model_type"]
+    assert architecture == {"tiny_qwen2": "qwen2", "tiny_modernbert": "modernbert"}[model]
+    assert math.isfinite(metrics["train"]["train/loss"])
