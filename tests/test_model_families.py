@@ -96,3 +96,22 @@ def test_decoder_and_modernbert_train_and_export_offline(make_cfg, tmp_path: Pat
     architecture = json.loads((out / "model" / "config.json").read_text())["model_type"]
     assert architecture == {"tiny_qwen2": "qwen2", "tiny_modernbert": "modernbert"}[model]
     assert math.isfinite(metrics["train"]["train/loss"])
+
+
+def test_each_source_of_a_mix_can_carry_its_own_query_instruction(tmp_path: Path, tokenizer):
+    """data=mix with data.sources.<name>.query_prefix: that source's queries (training and validation) start with
+    its instruction, the others with the model's."""
+    from tests.test_mix import _module, _write_sources
+
+    sources = _write_sources(tmp_path / "mix")
+    sources["cook"]["query_prefix"] = "Instruct: find a recipe\nQuery: "
+    module = _module(sources, tokenizer, query_prefix="query: ")
+    instruction = {"cook": tokenizer("Instruct: find a recipe\nQuery:")["input_ids"][1:-1],
+                   "sail": tokenizer("query:")["input_ids"][1:-1]}
+    for name, source in module.sources.items():
+        cached = source.token_cache.token_rows()[0]["query"]
+        assert cached[1 : 1 + len(instruction[name])] == instruction[name], name
+    loaders = module.val_dataloader()
+    for loader, name in zip(loaders, module.sources, strict=True):
+        query_ids = next(tokens for signed, tokens in loader.dataset if signed >= 0)
+        assert list(query_ids[1 : 1 + len(instruction[name])]) == instruction[name], name

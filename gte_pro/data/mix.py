@@ -38,8 +38,9 @@ log = logging.getLogger(__name__)
 SOURCE_TYPES: dict[str, type[ContrastiveDataModule]] = {
     "jsonl": JsonlDataModule, "hf": HFDataModule, "beir": BeirDataModule, "demo": DemoDataModule}
 # one batch layout, tokenizer and loader for the whole mix: a source cannot set these (a source may set its
-# cleaning, split, max_length, eval_batch_size, cache_dir and, with same_source_batches, num_negatives)
-MIX_ONLY = frozenset({"tokenizer", "batch_size", "seed", "query_prefix", "doc_prefix", "num_workers", "pin_memory",
+# cleaning, split, max_length, eval_batch_size, cache_dir, its own query instruction (query_prefix, in place of the
+# model's: a decoder embedder's "Instruct: <task>\nQuery: " per task) and, with same_source_batches, num_negatives)
+MIX_ONLY = frozenset({"tokenizer", "batch_size", "seed", "doc_prefix", "num_workers", "pin_memory",
                       "persistent_workers", "group_by_length", "length_window"})
 _NAME = re.compile(r"[A-Za-z0-9_-]+")  # a source's name is part of its metric keys: val/<name>/ndcg@10
 
@@ -262,7 +263,8 @@ class MixDataModule(ContrastiveDataModule):
         return [(name, source.retrieval) for name, source in self.sources.items()] + list(self.extra_eval)
 
     def val_dataloader(self) -> list[DataLoader]:
-        loaders = [self.eval_loader(index, source.retrieval, source.eval_batch_size, source.max_length)
+        loaders = [self.eval_loader(index, source.retrieval, source.eval_batch_size, source.max_length,
+                                    query_prefix=source.query_prefix)
                    for index, source in enumerate(self.sources.values())]
         return loaders + [self.eval_loader(index, rs, self.extra_eval_batch_size, self.extra_eval_max_length)
                           for index, (_, rs) in enumerate(self.extra_eval, start=len(loaders))]

@@ -51,8 +51,11 @@ class ValidationSets:
         assert self.retrieval is not None, "setup() first"
         return [("", self.retrieval), *self.extra_eval]
 
-    def eval_loader(self, index: int, retrieval: RetrievalSet, batch_size: int, max_length: int) -> DataLoader:
-        texts = self._eval_texts.get(self.tokenizer, retrieval, max_length, self.query_prefix, self.doc_prefix)
+    def eval_loader(self, index: int, retrieval: RetrievalSet, batch_size: int, max_length: int,
+                    query_prefix: str | None = None) -> DataLoader:
+        """The loader of validation set ``index``; ``query_prefix``: the set's own (a mix's source), else ours."""
+        prefix = self.query_prefix if query_prefix is None else query_prefix
+        texts = self._eval_texts.get(self.tokenizer, retrieval, max_length, prefix, self.doc_prefix)
         if self.candidates is not None:  # task=rerank: (query, candidate) pairs instead of texts
             assert self.pair_join is not None, "a reranker's validation needs its pair_join"
             items: Any = CandidatePairs(texts, self.candidates[index])
