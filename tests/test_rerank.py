@@ -30,7 +30,7 @@ from gte_pro.training.rerank_validation import (
     rows_candidates,
 )
 from tests.ddp_harness import two_ranks_and_one
-from tests.test_resume import RUN, _assert_same_run
+from tests.test_resume import RUN, stop_at_step_7_and_resume
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
 WORDS = "the quick brown fox jumps over lazy dog python list dict tuple sorted open file".split()
@@ -286,17 +286,7 @@ def test_a_reranker_trains_on_two_ranks_and_validates_as_one_process(tmp_path: P
 
 @pytest.mark.slow
 def test_a_stopped_rerank_run_resumes_to_bit_identical_weights(make_cfg, tmp_path: Path, retriever_folder: str):
-    run = [*RUN, *_rerank_run(retriever_folder)]
-    reference = tmp_path / "reference"
-    train(make_cfg(run, output_dir=reference))
-    stopped = tmp_path / "stopped"
-    from tests.test_resume import Crash
-
-    with pytest.raises(Crash):
-        train(make_cfg([*run, "+callbacks.crash._target_=tests.test_resume.CrashAt", "+callbacks.crash.step=7"],
-                       output_dir=stopped))
-    train(make_cfg(run, output_dir=stopped))
-    _assert_same_run(stopped, reference)
+    stop_at_step_7_and_resume(make_cfg, tmp_path, [*RUN, *_rerank_run(retriever_folder)])
 
 
 # --- the config's refusals ----------------------------------------------------------------------------------------

@@ -209,14 +209,20 @@ RUN = ["debug=fast", "logger=none", "callbacks.progress_bar=null", "callbacks.la
 def test_a_run_stopped_mid_epoch_resumes_to_bit_identical_weights(make_cfg, tmp_path: Path):
     """Uninterrupted vs stopped at step 7 (checkpoint at 6, validation at 5) and started again with the same
     config: the same weights, bit for bit, and the same metrics.json."""
+    stop_at_step_7_and_resume(make_cfg, tmp_path, RUN)
+
+
+def stop_at_step_7_and_resume(make_cfg, tmp_path: Path, run: list[str]) -> None:
+    """``run`` uninterrupted, and stopped at step 7 (its last checkpoint at step 6) then started again with the same
+    config: the same weights, bit for bit, and the same metrics.json."""
     reference = tmp_path / "reference"
-    train(make_cfg(RUN, output_dir=reference))
+    train(make_cfg(run, output_dir=reference))
     stopped = tmp_path / "stopped"
     with pytest.raises(Crash):
-        train(make_cfg([*RUN, "+callbacks.crash._target_=tests.test_resume.CrashAt", "+callbacks.crash.step=7"],
+        train(make_cfg([*run, "+callbacks.crash._target_=tests.test_resume.CrashAt", "+callbacks.crash.step=7"],
                        output_dir=stopped))
     assert torch.load(stopped / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
-    train(make_cfg(RUN, output_dir=stopped))
+    train(make_cfg(run, output_dir=stopped))
     _assert_same_run(stopped, reference)
 
 
