@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,73 @@ def test_each_source_of_a_mix_can_carry_its_own_query_instruction(tmp_path: Path
     for loader, name in zip(loaders, module.sources, strict=True):
         query_ids = next(tokens for signed, tokens in loader.dataset if signed >= 0)
         assert list(query_ids[1 : 1 + len(instruction[name])]) == instruction[name], name
+
+
+# --- the decoder under DDP and FSDP, and resumed ------------------------------------------------------------------
+STRATEGIES = {"one": ["data.batch_size=8"], "ddp": ["strategy=ddp", "devices=2", "data.batch_size=4"],
+              "fsdp": ["strategy=fsdp", "devices=2", "data.batch_size=4"]}
+
+
+def _last_weights(run: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+
+
+@pytest.mark.slow
+def test_a_decoder_trains_alike_on_one_process_under_ddp_and_under_fsdp(tmp_path: Path, cache_dir: Path):
+    """`model=tiny_qwen2` through train.py: one process on batch 8, and 2 gloo ranks on 4 rows each of the same
+    global batches, with DDP and with FSDP (each Qwen2 layer its own shard unit). The first step's loss and gradients
+    of DDP are one process's; after 4 AdamW steps all three hold the same weights (Adam moves every weight by ~lr =
+    1e-3 a step, 1,000x the tolerance) and validate alike; the FSDP run exports full weights that reproduce it."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    runs = {}
+    for name, overrides in STRATEGIES.items():
+        run, probe = tmp_path / name, tmp_path / f"{name}_probe"
+        cmd = [sys.executable, "train.py", "debug=fast", "model=tiny_qwen2", "trainer.precision=32-true",
+               "logger=none", "callbacks.progress_bar=null", "export.hf=false",
+               "+callbacks.probe._target_=tests.probes.FirstStepProbe",
+               f"+callbacks.probe.out_dir={probe}", f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run}", *overrides]
+        proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+        runs[name] = run
+        if name != "fsdp":  # FSDP's ranks hold shards of the gradients, not the gradients
+            ranks = [torch.load(path) for path in sorted(probe.glob("rank*.pt"))]
+            runs[f"{name}_probe"] = ranks
+    (one,), ddp = runs["one_probe"], runs["ddp_probe"]
+    assert float(sum(rank["loss"] for rank in ddp) / 2) == pytest.approx(float(one["loss"]), rel=1e-5)
+    for rank in ddp:
+        for name, grad in one["grads"].items():
+            # fp32 sums in another order: within 1e-5 of each gradient's own scale
+            torch.testing.assert_close(rank["grads"][name], grad, rtol=0, atol=1e-5 * float(grad.abs().max()),
+                                       msg=name)
+    weights = {name: _last_weights(runs[name]) for name in STRATEGIES}
+    for name in ("ddp", "fsdp"):
+        assert weights[name].keys() == weights["one"].keys()
+        for key, value in weights["one"].items():
+            torch.testing.assert_close(weights[name][key], value, rtol=0, atol=5e-5, msg=f"{name}: {key}")
+    metrics = {name: json.loads((runs[name] / "metrics.json").read_text()) for name in STRATEGIES}
+    assert metrics["fsdp"]["world_size"] == 2 and metrics["fsdp"]["global_step"] == 4
+    for key, value in metrics["one"]["val"].items():
+        assert metrics["fsdp"]["val"][key] == pytest.approx(value, abs=1e-4), key
+    assert metrics["fsdp"]["parameters"] == metrics["one"]["parameters"]  # counted on the full weights, not shards
+    assert min(metrics["fsdp"]["exports"]["min_cosine"].values()) >= 0.9999
+
+
+@pytest.mark.slow
+def test_a_stopped_decoder_run_resumes_to_bit_identical_weights(make_cfg, tmp_path: Path):
+    from tests.test_resume import RUN, stop_at_step_7_and_resume
+
+    stop_at_step_7_and_resume(make_cfg, tmp_path, [*RUN, "model=tiny_qwen2"])
+
+
+def test_fsdp_makes_each_hugging_face_block_its_own_shard_unit(bpe: str):
+    from gte_pro.launch.fsdp import no_split_layer_classes
+
+    qwen2 = Encoder(bpe, random_init_config=QWEN2, pooling="last", max_length=32)
+    bert = Encoder(packaged_minilm_path(), random_init_config=BERT, max_length=32)
+    assert {cls.__name__ for cls in no_split_layer_classes(qwen2)} == {"Qwen2DecoderLayer"}
+    assert {cls.__name__ for cls in no_split_layer_classes(bert)} == {"BertEmbeddings", "BertLayer"}

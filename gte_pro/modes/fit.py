@@ -10,7 +10,7 @@ import json
 import logging
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from gte_pro.evaluation.sets import attach_eval_sets
 from gte_pro.export.cross_encoder import export_cross_encoder, release_reranker
 from gte_pro.export.release import check_export_requirements, release
 from gte_pro.export.writers import export_sentence_transformers
+from gte_pro.launch.fsdp import is_sharded, unsharded_module
 from gte_pro.launch.preemption import PreemptionCheckpoint, under_submitit
 from gte_pro.launch.resume import check_resumed_config, resume_checkpoint
 from gte_pro.mining.remine import RemineNegatives, remine_callback
@@ -131,7 +132,10 @@ def fit(cfg: DictConfig) -> float | None:
         best_ckpt = _best_checkpoint(run.trainer)
         with times.phase("validation after"):
             after = _validate_best(run, best_ckpt)
+        # strategy=fsdp: the exports need the weights, not this rank's shards (a collective: every rank calls it)
+        module = unsharded_module(run.trainer, run.module, lambda: build_module(cfg, build_encoder(cfg)))
         if run.trainer.is_global_zero:
+            run = replace(run, module=module)
             _export_and_record(run, _summary(run, before, after, train_metrics, best_ckpt, suggested_lr))
     return optimized_value(after, cfg.get("optimized_metric"))
 
@@ -235,7 +239,7 @@ def _validate_best(run: Run, best_ckpt: str | None) -> dict[str, float]:
     if best_ckpt:
         checkpoint = torch.load(best_ckpt, map_location="cpu", mmap=True, weights_only=True)
         known = run.validation.by_step.get(checkpoint["global_step"])
-        if known:
+        if known and not is_sharded(run.trainer):  # FSDP loads a checkpoint into its shards through Lightning
             run.module.load_state_dict(checkpoint["state_dict"])
             log.info("validation after training (%s): validated at step %d with the same weights: %s", best_ckpt,
                      checkpoint["global_step"], _format(known))

@@ -139,6 +139,18 @@ class TrainingModule(LightningModule):
         # runs the closure, then steps only when every loss and the gradient norm are finite (gte_pro.training.guard)
         self.guard.step(self, optimizer, optimizer_closure or (lambda: None))
 
+    def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        model = self._trainer.model if self._trainer is not None else None
+        if gradient_clip_val and isinstance(model, FullyShardedDataParallel) and gradient_clip_algorithm != "value":
+            # each rank holds a shard of the gradients: FSDP's own clip reduces their norm over the ranks (Lightning's
+            # FSDP precision refuses norm clipping)
+            model.clip_grad_norm_(gradient_clip_val)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def _log_train_metrics(self, out: LossOutput, batch_size: int) -> None:
         scores = out.scores.float()
         positive_scores = scores.gather(1, out.labels[:, None])
