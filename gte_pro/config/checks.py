@@ -100,6 +100,8 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "data.remine.every_n_epochs": integer(0),
     "data.remine.at_start": FLAG,
     "trainer.max_epochs": integer(-1, optional=True),
+    "trainer.memory_budget": lambda v: None if v in (None, "auto") else number(0, open_low=True)(v)
+    and "expected auto, a number of GiB > 0, or null",
     "trainer.max_steps": integer(-1),
     "trainer.accumulate_grad_batches": integer(1),
     "trainer.log_every_n_steps": integer(0),

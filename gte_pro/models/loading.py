@@ -97,7 +97,8 @@ def random_config(tokenizer: PreTrainedTokenizerBase, fields: Mapping[str, Any],
     tokens.setdefault("bos_token_id", tokens.get("cls_token_id"))
     tokens.setdefault("eos_token_id", tokens.get("sep_token_id"))
     try:
-        return AutoConfig.for_model(model_type, vocab_size=len(tokenizer), **{**tokens, **extra, **fields})
+        # a vocab_size in fields wins (a model's real embedding matrix, for memory and speed figures)
+        return AutoConfig.for_model(model_type, **{"vocab_size": len(tokenizer), **tokens, **extra, **fields})
     except ValueError as err:
         raise ConfigError(f"model.random_init_config.model_type={model_type!r}: {str(err).splitlines()[0]}") from err
 

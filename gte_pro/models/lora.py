@@ -10,18 +10,22 @@ from torch import nn
 from gte_pro.errors import ConfigError
 
 LORA_KEYS = {"r": 16, "alpha": 32, "dropout": 0.1, "target_modules": None}
+# architectures for which peft names no default targets: their attention's query/key/value projection, the
+# counterpart of peft's BERT default (query, value)
+DEFAULT_TARGETS = {"modernbert": ["Wqkv"]}
 
 
 def with_lora(backbone: nn.Module, options: dict[str, Any]) -> nn.Module:
     """``backbone`` with LoRA adapters (peft): only the adapters train. ``options``: ``r``, ``alpha``, ``dropout``,
-    ``target_modules`` (null: peft's choice for the architecture, e.g. BERT's query and value projections)."""
+    ``target_modules`` (null: peft's choice for the architecture, e.g. BERT's query and value projections;
+    ModernBERT's Wqkv)."""
     from peft import LoraConfig, get_peft_model
 
     unknown = sorted(set(options) - set(LORA_KEYS))
     if unknown:
         raise ConfigError(f"model.lora: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(LORA_KEYS)}")
     settings = {**LORA_KEYS, **options}
-    target_modules = settings["target_modules"]
+    target_modules = settings["target_modules"] or DEFAULT_TARGETS.get(getattr(backbone.config, "model_type", ""))
     config = LoraConfig(r=int(settings["r"]), lora_alpha=float(settings["alpha"]),
                         lora_dropout=float(settings["dropout"]), bias="none",
                         target_modules=list(target_modules) if target_modules else None)

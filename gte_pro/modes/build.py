@@ -92,6 +92,10 @@ def build_strategy(cfg: DictConfig) -> Any:
     return cfg.strategy.name
 
 
+# keys of conf/trainer/ that gte_pro reads itself (gte_pro.training.memory_plan), not Trainer(...) options
+GTE_PRO_TRAINER_KEYS = ("memory_budget",)
+
+
 def build_trainer(cfg: DictConfig, callbacks: list[Callback], loggers: list[Logger]) -> Trainer:
     if not loggers:  # logger=none: the learning-rate monitor has nowhere to write and Lightning refuses it
         callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
@@ -101,8 +105,9 @@ def build_trainer(cfg: DictConfig, callbacks: list[Callback], loggers: list[Logg
         # the Throughput callback logs progress lines instead)
         options["enable_progress_bar"] = any(isinstance(cb, ProgressBar) for cb in callbacks)
     # every checkpoint (last, best, preemption) is written atomically and read back with weights_only=True
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, strategy=build_strategy(cfg),
-                          plugins=[AtomicCheckpointIO()], **options)
+    lightning_options = {key: value for key, value in cfg.trainer.items() if key not in GTE_PRO_TRAINER_KEYS}
+    trainer = instantiate(lightning_options, callbacks=callbacks, logger=loggers or False,
+                          strategy=build_strategy(cfg), plugins=[AtomicCheckpointIO()], **options)
     warning = emulated_bf16_warning(cfg.trainer.precision, isinstance(trainer.accelerator, CPUAccelerator),
                                     cpu_has_native_bf16())
     if warning and trainer.is_global_zero:

@@ -43,6 +43,8 @@ from gte_pro.modes.build import (
 from gte_pro.modes.handoff import after_reranker
 from gte_pro.training.base_module import TrainingModule
 from gte_pro.training.callbacks import Throughput, ValidationRecord
+from gte_pro.training.memory import MemoryPlan
+from gte_pro.training.memory_plan import memory_record, plan_memory
 from gte_pro.utils.files import remove_stale_temporaries, write_json_atomic
 from gte_pro.utils.plots import plot_run
 from gte_pro.utils.secrets import redact_secrets
@@ -111,6 +113,7 @@ class Run:
     throughput: Throughput | None
     remine: RemineNegatives | None
     times: PhaseTimes
+    memory: MemoryPlan | None = None  # the estimate per device made before the model loaded
 
 
 def fit(cfg: DictConfig) -> float | None:
@@ -151,6 +154,7 @@ def set_up(cfg: DictConfig, times: PhaseTimes) -> Run:
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
     check_export_requirements(cfg.get("export"))
 
+    memory = plan_memory(cfg)  # before the weights load: a run that cannot fit stops here, with what would fit
     encoder = build_encoder(cfg)
     datamodule = build_data_for(cfg, encoder)
     attach_eval_sets(datamodule, cfg)  # eval.beir: validated (and logged) next to the held-out split
@@ -169,7 +173,7 @@ def set_up(cfg: DictConfig, times: PhaseTimes) -> Run:
                trainer=build_trainer(cfg, callbacks, loggers), callbacks=callbacks, loggers=loggers,
                ckpt_path=ckpt_path, config_changes=config_changes, validation=validation,
                throughput=next((cb for cb in configured if isinstance(cb, Throughput)), None), remine=remine,
-               times=times)
+               times=times, memory=memory)
 
 
 @contextlib.contextmanager
@@ -267,6 +271,7 @@ def _summary(run: Run, before: dict[str, float] | None, after: dict[str, float],
         "lr_find_suggestion": suggested_lr,
         "data": getattr(run.datamodule, "reports", []),
         "remine": run.remine.costs if run.remine is not None else None,
+        "memory": memory_record(run.memory),
     }
 
 

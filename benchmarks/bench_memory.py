@@ -1,0 +1,200 @@
+"""Memory per device (``make bench-memory``, ~1 min on 2 CPU cores): the estimate that every run prints before it
+loads its model (gte_pro.training.memory), checked against the measured peak of real training steps, and the
+estimate for the GTE models at a few batch sizes.
+
+Usage::
+
+    python benchmarks/bench_memory.py [--check] [--table] [--batches 8,32,128] [--length 512] [--negatives 3]
+        [--json FILE]
+
+- ``--check``: small configs of each family (BERT, Qwen2, ModernBERT; fp32 and bf16 autocast; gradient
+  checkpointing, LoRA, GradCache), each trained two steps on the CPU (full-length texts: the estimate's bound) with
+  :class:`gte_pro.utils.live_bytes.LiveBytes` counting every live tensor: estimated vs measured peak and their ratio.
+- ``--table``: the estimate per device (bf16-mixed, on a GPU: its CUDA allowance included) for gte-base,
+  gte-large, gte-modernbert-base, gte-Qwen2-1.5B and gte-Qwen2-7B (their published shapes, built on the meta device:
+  no download), full fine-tuning, with gradient checkpointing, LoRA + checkpointing, and FSDP over 8 GPUs.
+
+With neither flag, both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from typing import Any
+
+import harness
+from harness import Column, Result
+from train_common import CONF
+
+MIB = 2**20
+TINY = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 512}
+FAMILY = {"bert": ["model=tiny"], "qwen2": ["model=tiny_qwen2"], "modernbert": ["model=tiny_modernbert"]}
+# name -> overrides on top of the family's tiny preset, batch 8 x (query, positive, 1 negative) at 128 tokens
+CHECKS = {
+    "fp32": [],
+    "bf16": ["trainer.precision=bf16-mixed"],
+    "checkpointing": ["model.gradient_checkpointing=true"],
+    "lora": ["model.lora={r: 8, alpha: 16, dropout: 0.0}"],
+    "gradcache": ["loss.mini_batch_size=8"],
+}
+# the published shapes (config.json) of the GTE models, on their own tokenizer's vocabulary size
+GTE = {
+    "gte-base": ("model=tiny", {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+                                "intermediate_size": 3072}),
+    "gte-large": ("model=tiny", {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16,
+                                 "intermediate_size": 4096}),
+    "gte-modernbert-base": ("model=tiny_modernbert", {
+        "hidden_size": 768, "num_hidden_layers": 22, "num_attention_heads": 12, "intermediate_size": 1152,
+        "vocab_size": 50368, "global_attn_every_n_layers": 3, "local_attention": 128,
+        "max_position_embeddings": 8192}),
+    "gte-Qwen2-1.5B": ("model=tiny_qwen2", {
+        "hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+        "intermediate_size": 8960, "vocab_size": 151646, "max_position_embeddings": 32768}),
+    "gte-Qwen2-7B": ("model=tiny_qwen2", {
+        "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+        "intermediate_size": 18944, "vocab_size": 151646, "max_position_embeddings": 32768}),
+}
+VARIANTS = {"full": [], "checkpointing": ["model.gradient_checkpointing=true"],
+            "LoRA + checkpointing": ["model.gradient_checkpointing=true", "model.lora={r: 16}"],
+            "FSDP x8 + checkpointing": ["strategy=fsdp", "devices=8", "model.gradient_checkpointing=true"]}
+
+
+def compose(overrides: list[str]) -> Any:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return hydra_compose("train", overrides=overrides)
+
+
+def _fields(fields: dict) -> list[str]:
+    return [f"++model.random_init_config.{key}={value}" for key, value in fields.items()]
+
+
+def check_overrides(family: str, check: str) -> list[str]:
+    tiny = {**TINY, **({"num_key_value_heads": 4} if family == "qwen2" else {})}
+    return [*FAMILY[family], *_fields(tiny), "data.batch_size=8",
+            "data.num_negatives=1", "data.max_length=128", *CHECKS[check]]
+
+
+def estimated_peak(cfg: Any, cuda: bool = False) -> float:
+    from gte_pro.training.memory import estimate, meta_backbone, setup_of, shape_of
+
+    return estimate(shape_of(meta_backbone(cfg.model, str(cfg.get("task", "embed")))), setup_of(cfg, cuda)).peak
+
+
+def measured_peak(cfg: Any, steps: int = 2) -> float:
+    """The peak bytes of live tensors over ``steps`` training steps of the config's encoder on the CPU: every text
+    at ``model.max_length`` tokens, InfoNCE over (query, positive, negatives), AdamW; GradCache as the module runs it
+    (embed without gradients, then each mini-batch again with the loss's gradient)."""
+    import torch
+
+    from gte_pro.modes.build import build_encoder
+    from gte_pro.utils.live_bytes import LiveBytes
+
+    torch.manual_seed(0)
+    encoder = build_encoder(cfg).train()
+    batch = int(cfg.data.batch_size)
+    texts = batch * (2 + int(cfg.data.num_negatives))
+    ids = torch.randint(5, min(len(encoder.tokenizer), 1000), (texts, int(cfg.model.max_length)))
+    mask = torch.ones_like(ids)
+    optimizer = torch.optim.AdamW([p for p in encoder.parameters() if p.requires_grad], lr=1e-4)
+    mixed = "mixed" in str(cfg.trainer.precision)
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if mixed else contextlib.nullcontext
+    chunk = cfg.loss.get("mini_batch_size") or texts
+
+    def loss_of(embeddings: torch.Tensor) -> torch.Tensor:
+        scores = embeddings[:batch] @ embeddings[batch:].T / 0.05
+        return torch.nn.functional.cross_entropy(scores.float(), torch.arange(batch))
+
+    counter = LiveBytes()
+    counter.add([*encoder.parameters(), *encoder.buffers()])
+    with counter:
+        for _ in range(steps):
+            if chunk >= texts:
+                with autocast():
+                    loss = loss_of(encoder(ids, mask))
+                loss.backward()
+                del loss
+            else:
+                with torch.no_grad(), autocast():
+                    cached = torch.cat([encoder(ids[i:i + chunk], mask[i:i + chunk]) for i in range(0, texts, chunk)])
+                cached = cached.float().requires_grad_()
+                loss_of(cached).backward()
+                for i in range(0, texts, chunk):
+                    with autocast():
+                        part = encoder(ids[i:i + chunk], mask[i:i + chunk])
+                    part.float().backward(cached.grad[i:i + chunk])
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return float(counter.peak)
+
+
+def check_rows() -> list[Result]:
+    rows = []
+    for family in FAMILY:
+        for check in CHECKS:
+            cfg = compose(check_overrides(family, check))
+            estimated, measured = estimated_peak(cfg), measured_peak(cfg)
+            rows.append({"family": family, "config": check, "estimated_mib": estimated / MIB,
+                         "measured_mib": measured / MIB, "ratio": estimated / measured})
+            print(f"{family} {check}: estimated {estimated / MIB:.1f} MiB, measured {measured / MIB:.1f} MiB",
+                  flush=True)
+    return rows
+
+
+def table_rows(batches: list[int], length: int, negatives: int) -> list[Result]:
+    rows = []
+    for model, (preset, fields) in GTE.items():
+        for variant, extra in VARIANTS.items():
+            row: Result = {"model": model, "variant": variant}
+            for batch in batches:
+                cfg = compose([preset, *_fields(fields), "trainer.precision=bf16-mixed", f"data.batch_size={batch}",
+                               f"data.num_negatives={negatives}", f"data.max_length={length}", *extra])
+                row[f"b{batch}"] = estimated_peak(cfg, cuda=True) / 2**30
+            rows.append(row)
+    return rows
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = harness.add_common(harness.parser(__doc__), json="write the rows to this file")
+    parser.add_argument("--check", action="store_true")
+    parser.add_argument("--table", action="store_true")
+    parser.add_argument("--batches", default="8,32,128")
+    parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--negatives", type=int, default=3)
+    args = parser.parse_args(argv)
+    if not args.check and not args.table:
+        args.check = args.table = True
+    args.batch_list = harness.int_list(args.batches)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    harness.announce()
+    checks = check_rows() if args.check else []
+    table = table_rows(args.batch_list, args.length, args.negatives) if args.table else []
+    print(f"\n{harness.machine()}\n")
+    if checks:
+        print(harness.table([Column("family", "family", numeric=False, key=True),
+                             Column("config", "config", numeric=False, key=True),
+                             Column("estimated MiB", "estimated_mib", ".1f"),
+                             Column("measured MiB", "measured_mib", ".1f"),
+                             Column("estimated / measured", "ratio", ".2f")], checks))
+    if table:
+        print(f"\nestimated GiB per device, bf16-mixed, {args.length} tokens, {args.negatives} negatives per query "
+              f"(batch b: b x {2 + args.negatives} texts), AdamW, CUDA:\n")
+        print(harness.table([Column("model", "model", numeric=False, key=True),
+                             Column("variant", "variant", numeric=False, key=True),
+                             *[Column(f"batch {b}", f"b{b}", ".1f") for b in args.batch_list]], table))
+    harness.save(args, checks=checks, table=table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

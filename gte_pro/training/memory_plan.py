@@ -1,0 +1,151 @@
+"""Before a run loads its model: the memory estimate per device (:mod:`gte_pro.training.memory`), printed, and a
+refusal with the options that would fit when it is more than ``trainer.memory_budget`` allows.
+
+``trainer.memory_budget``: ``auto`` (the GPU's memory; on the CPU the machine's RAM shared by the ``devices``
+processes), a number of GiB, or ``null`` (print the estimate, never refuse).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from itertools import combinations
+from typing import Any
+
+import torch
+from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+from gte_pro.errors import ConfigError
+from gte_pro.training.memory import (
+    GIB,
+    MemoryPlan,
+    ModelShape,
+    Setup,
+    estimate,
+    gib,
+    meta_backbone,
+    setup_of,
+    shape_of,
+    with_lora_shape,
+)
+
+log = logging.getLogger(__name__)
+
+Change = Callable[[ModelShape, Setup], tuple[ModelShape, Setup] | None]
+
+
+class MemoryBudgetError(ConfigError):
+    """The composed run needs more memory per device than it may use."""
+
+    hint = "add one of the options above to the command, or trainer.memory_budget=null to start anyway"
+
+
+def uses_cuda(cfg: Any) -> bool:
+    accelerator = str(cfg.trainer.get("accelerator", "auto"))
+    return accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+
+
+def budget_of(cfg: Any, cuda: bool) -> tuple[float | None, str]:
+    """The bytes one device may use, and where that figure comes from."""
+    value = cfg.trainer.get("memory_budget", "auto")
+    if value is None or value is False:
+        return None, "trainer.memory_budget=null"
+    if value != "auto":
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ConfigError(f"trainer.memory_budget={value!r} is not valid: auto, a number of GiB (> 0) or null")
+        return float(value) * GIB, f"trainer.memory_budget={value}"
+    if cuda:
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return float(props.total_memory), f"{props.name}'s memory"
+    import psutil
+
+    processes = max(int(cfg.get("devices", 1)), 1)
+    share = f" / {processes} processes" if processes > 1 else ""
+    return psutil.virtual_memory().total / processes, f"this machine's RAM{share}"
+
+
+def plan_memory(cfg: Any) -> MemoryPlan | None:
+    """Print the estimate; raise :class:`MemoryBudgetError` when it does not fit. None when the model's config cannot
+    be read here (the model's loading then says why)."""
+    try:
+        shape = shape_of(meta_backbone(cfg.model, str(cfg.get("task", "embed"))))
+    except (OSError, ValueError) as error:
+        log.debug("memory estimate skipped: %s", error)
+        return None
+    cuda = uses_cuda(cfg)
+    setup = setup_of(cfg, cuda)
+    plan = estimate(shape, setup)
+    budget, source = budget_of(cfg, cuda)
+    of_budget = f" of {gib(budget)} ({source})" if budget else ""
+    rank_zero_only(log.info)("memory per device (estimated, %d texts x %d tokens per forward): %s%s; %s",
+                             setup.texts, setup.tokens_per_text, gib(plan.peak), of_budget, plan.parts())
+    if budget is not None and plan.peak > budget:
+        raise MemoryBudgetError(refusal(plan, budget, source, fitting_options(shape, setup, budget, cfg)))
+    return plan
+
+
+def refusal(plan: MemoryPlan, budget: float, source: str, options: list[tuple[str, float]]) -> str:
+    """The message of a run that does not fit (one line a part: the CLI joins them with '; ')."""
+    lines = [f"this run needs about {gib(plan.peak)} per device, more than {gib(budget)} ({source}) "
+             f"[estimate, docs/models.md#memory: {plan.parts()}]"]
+    if options:
+        lines.append("options that fit (estimated peak):")
+        lines += [f"{overrides} ({gib(peak)})" for overrides, peak in options]
+    else:
+        lines.append("no option or pair of options here fits: a shorter model.max_length, or more devices")
+    return "\n".join(lines)
+
+
+def _changes(shape: ModelShape, setup: Setup, cfg: Any) -> dict[str, Change]:
+    """The overrides that lower the memory, each as a change of the estimate's inputs (None: not applicable)."""
+    batch = int(cfg.data.batch_size)
+    per_row = max(setup.texts // max(batch, 1), 1)
+    changes: dict[str, Change] = {
+        "model.gradient_checkpointing=true":
+            lambda m, s: None if s.checkpointing else (m, replace(s, checkpointing=True)),
+        "model.lora='{r: 16}'": lambda m, s: None if s.lora else (with_lora_shape(m), replace(s, lora=True)),
+    }
+    if setup.cuda and "32" in setup.precision:
+        changes["precision=bf16-mixed"] = lambda m, s: (m, replace(s, precision="bf16-mixed"))
+    for mini_batch in (32, 8):
+        changes[f"loss.mini_batch_size={mini_batch}"] = (
+            lambda m, s, n=mini_batch: None if s.texts <= n or s.shards > 1 else (m, replace(s, texts=n)))
+    for devices in (2, 4, 8):
+        if setup.cuda and torch.cuda.device_count() >= devices:
+            changes[f"strategy=fsdp devices={devices}"] = lambda m, s, n=devices: (m, replace(s, shards=n))
+    for smaller in (batch // 2, batch // 4):
+        if smaller >= 1:
+            changes[f"data.batch_size={smaller}"] = (
+                lambda m, s, b=smaller: (m, replace(s, texts=min(s.texts, b * per_row))))
+    return changes
+
+
+def fitting_options(shape: ModelShape, setup: Setup, budget: float, cfg: Any, most: int = 6) -> list[tuple[str, float]]:
+    """Single overrides that fit, else pairs of them, each with its estimated peak (at most ``most``)."""
+    changes = _changes(shape, setup, cfg)
+    for size in (1, 2):
+        found = []
+        for names in combinations(changes, size):
+            if size == 2 and names[0].split("=")[0] == names[1].split("=")[0]:
+                continue  # two values of one key
+            state: tuple[ModelShape, Setup] | None = (shape, setup)
+            for name in names:
+                state = changes[name](*state) if state else None
+            if state is not None and (peak := estimate(*state).peak) <= budget:
+                found.append((" ".join(names), peak))
+        if found:
+            return found[:most]
+    return []
+
+
+def memory_record(plan: MemoryPlan | None) -> dict[str, Any] | None:
+    """What metrics.json keeps: the estimate by part (GiB), and on a GPU the measured peak of allocated memory beside
+    it (PyTorch's allocator: the CUDA context is not in it)."""
+    if plan is None:
+        return None
+    record = {name: round(value / GIB, 3) for name, value in vars(plan).items()}
+    record["estimated_peak"] = round(plan.peak / GIB, 3)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        record["measured_peak_allocated"] = round(torch.cuda.max_memory_allocated() / GIB, 3)
+    return record

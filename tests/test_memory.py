@@ -1,0 +1,115 @@
+"""Memory planning (gte_pro.training.memory, memory_plan): the estimate against the measured peak of real training
+steps on the CPU (every live tensor counted), the refusal and its options, and the record in metrics.json."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gte_pro.errors import ConfigError
+from gte_pro.training.memory import GIB, Setup, estimate, meta_backbone, setup_of, shape_of
+from gte_pro.training.memory_plan import MemoryBudgetError, plan_memory
+from gte_pro.utils.live_bytes import LiveBytes
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))  # the benchmark scripts import their siblings
+_spec = importlib.util.spec_from_file_location("bench_memory", REPO / "benchmarks" / "bench_memory.py")
+bench_memory = importlib.util.module_from_spec(_spec)
+sys.modules["bench_memory"] = bench_memory
+_spec.loader.exec_module(bench_memory)
+
+FAST = [("bert", "fp32"), ("qwen2", "bf16"), ("qwen2", "checkpointing"), ("modernbert", "lora"),
+        ("bert", "gradcache")]
+ALL = [(family, check) for family in bench_memory.FAMILY for check in bench_memory.CHECKS]
+
+
+def test_live_bytes_counts_each_storage_once_until_it_is_freed():
+    with LiveBytes() as counter:
+        a = torch.zeros(1024, 256)  # 1 MiB
+        view = a[:10]
+        b = a * 2
+        assert counter.live == 2 * 2**20
+        del a, b
+        assert counter.live == 2**20  # the view keeps its storage alive
+        del view
+        assert counter.live == 0 and counter.peak == 2 * 2**20
+
+
+def _check_estimate(family: str, check: str) -> None:
+    cfg = bench_memory.compose(bench_memory.check_overrides(family, check))
+    estimated, measured = bench_memory.estimated_peak(cfg), bench_memory.measured_peak(cfg)
+    assert 0.85 <= estimated / measured <= 1.3, (family, check, estimated / 2**20, measured / 2**20)
+
+
+@pytest.mark.parametrize(("family", "check"), FAST)
+def test_the_estimate_is_within_the_measured_peak_of_real_steps(family: str, check: str):
+    """Two training steps of each family's tiny config at full length, with every live tensor counted: the estimate
+    lies within 0.85-1.3x of the measured peak (``make bench-memory`` prints them all)."""
+    _check_estimate(family, check)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("family", "check"), [pair for pair in ALL if pair not in FAST])
+def test_the_estimate_is_within_the_measured_peak_for_every_family_and_option(family: str, check: str):
+    _check_estimate(family, check)
+
+
+def test_sharding_divides_the_states_and_adds_the_gathered_blocks():
+    cfg = bench_memory.compose(["model=tiny_qwen2"])
+    shape = shape_of(meta_backbone(cfg.model))
+    one = estimate(shape, Setup(precision="bf16-mixed", texts=8, tokens_per_text=64, cuda=True))
+    four = estimate(shape, Setup(precision="bf16-mixed", texts=8, tokens_per_text=64, cuda=True, shards=4))
+    for part in ("weights", "gradients", "optimizer", "step_temporaries"):
+        assert getattr(four, part) == pytest.approx(getattr(one, part) / 4), part
+    assert four.activations == one.activations and four.gathered == 2 * 2 * shape.largest_block
+    assert shape.largest_block > 0 and shape.gated_mlp and shape.layers == 2
+
+
+def test_a_seven_billion_decoder_does_not_fit_one_gpu_in_full_and_does_with_lora_and_checkpointing():
+    """The published gte-Qwen2-7B shape (meta device: nothing is downloaded or allocated)."""
+    preset, fields = bench_memory.GTE["gte-Qwen2-7B"]
+    base = [preset, *bench_memory._fields(fields), "trainer.precision=bf16-mixed", "data.batch_size=8",
+            "data.max_length=512"]
+    full = setup_of(bench_memory.compose(base), cuda=True)
+    shape = shape_of(meta_backbone(bench_memory.compose(base).model))
+    assert 7.0e9 < shape.parameters < 7.7e9
+    # AdamW in fp32: weights, gradients and two moments alone are 16 bytes a parameter
+    assert estimate(shape, full).peak > 16 * shape.parameters > 80 * GIB
+    light = bench_memory.compose([*base, "model.gradient_checkpointing=true", "model.lora={r: 16}"])
+    assert bench_memory.estimated_peak(light, cuda=True) < 80 * GIB
+
+
+def test_a_run_that_does_not_fit_is_refused_with_options_that_do(make_cfg):
+    cfg = make_cfg(["debug=fast", "trainer.memory_budget=0.05"])
+    with pytest.raises(MemoryBudgetError) as refused:
+        plan_memory(cfg)
+    message = str(refused.value)
+    assert "per device, more than 51 MiB (trainer.memory_budget=0.05)" in message
+    options = [line.rsplit(" (", 1)[0] for line in message.splitlines()[2:]]
+    assert "model.gradient_checkpointing=true" in options and "model.lora='{r: 16}'" in options
+    for option in options:  # each option, as a shell would pass it, passes the same check
+        assert plan_memory(make_cfg(["debug=fast", "trainer.memory_budget=0.05", *shlex.split(option)])) is not None
+    assert plan_memory(make_cfg(["debug=fast", "trainer.memory_budget=null"])) is not None  # never refuses
+
+
+def test_memory_budget_values_are_checked(make_cfg):
+    from gte_pro.config.checks import check_config
+
+    with pytest.raises(ConfigError, match="trainer.memory_budget"):
+        check_config(make_cfg(["trainer.memory_budget=lots"]))
+    check_config(make_cfg(["trainer.memory_budget=12.5"]))
+
+
+def test_a_run_records_its_estimate(make_cfg, tmp_path: Path):
+    from gte_pro.train import train
+
+    out = tmp_path / "run"
+    train(make_cfg(["debug=fast", "logger=none", "export.hf=false"], output_dir=out))
+    memory = json.loads((out / "metrics.json").read_text())["memory"]
+    assert memory["estimated_peak"] > 0 and memory["activations"] > 0 and memory["context"] == 0
