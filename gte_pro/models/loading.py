@@ -87,9 +87,15 @@ def enable_gradient_checkpointing(model: nn.Module) -> None:
 def random_config(tokenizer: PreTrainedTokenizerBase, fields: Mapping[str, Any], **extra: Any) -> PretrainedConfig:
     """``model.random_init_config``: the transformers config of a randomly initialised model (tests, debugging) for
     this tokenizer: ``model_type`` (bert unless named: qwen2, modernbert, any transformers architecture), the
-    tokenizer's vocabulary size and special-token ids, then ``fields`` (hidden_size, num_hidden_layers, ...)."""
+    tokenizer's vocabulary size and special-token ids, then ``fields`` (hidden_size, num_hidden_layers, ...). A
+    ``vocab_size`` in ``fields`` may exceed the tokenizer's (a real model's embedding matrix, e.g. Qwen2's 151,936
+    rows, which dominates a small decoder's memory); a smaller one would leave token ids without a row."""
     fields = dict(fields)
     model_type = str(fields.pop("model_type", "bert"))
+    vocab_size = int(fields.pop("vocab_size", None) or len(tokenizer))
+    if vocab_size < len(tokenizer):
+        raise ConfigError(f"model.random_init_config.vocab_size={vocab_size} is smaller than the tokenizer's "
+                          f"{len(tokenizer)} tokens")
     tokens = {f"{name}_token_id": getattr(tokenizer, f"{name}_token_id", None)
               for name in ("pad", "bos", "eos", "cls", "sep")}
     tokens = {key: value for key, value in tokens.items() if value is not None}
@@ -97,8 +103,7 @@ def random_config(tokenizer: PreTrainedTokenizerBase, fields: Mapping[str, Any],
     tokens.setdefault("bos_token_id", tokens.get("cls_token_id"))
     tokens.setdefault("eos_token_id", tokens.get("sep_token_id"))
     try:
-        # a vocab_size in fields wins (a model's real embedding matrix, for memory and speed figures)
-        return AutoConfig.for_model(model_type, **{"vocab_size": len(tokenizer), **tokens, **extra, **fields})
+        return AutoConfig.for_model(model_type, vocab_size=vocab_size, **{**tokens, **extra, **fields})
     except ValueError as err:
         raise ConfigError(f"model.random_init_config.model_type={model_type!r}: {str(err).splitlines()[0]}") from err
 
