@@ -69,6 +69,10 @@ docs: install
 #   make bench-teachers ARGS="--seeds 1,2,3 --max-train 1000 --max-test 200 --steps 40 --range-max 30"
 # bench-options: full fine-tune vs LoRA vs Matryoshka vs projection head at equal steps on pydocs: NDCG@10 (full and
 #   truncated), trainable parameters, samples/s, peak RSS (~35 min on 2 CPU cores with the settings in the README)
+# bench-memory: the memory estimate every run prints (gte_pro/training/memory.py) against the measured peak of real
+#   training steps on the CPU for BERT, Qwen2 and ModernBERT configs, and the estimate per device for the GTE models
+#   at batch 8/32/128 (~2 min on 2 CPU cores; docs/models.md#memory)
+#   make bench-memory ARGS="--table --batches 8,32 --length 1024"
 # bench-eval-memory: peak RSS of mode=eval (or mode=mine with --mode mine) on synthetic 100k / 1M-document corpora, 1
 #   and 2 ranks (corpus store on disk)
 #   make bench-eval-memory ARGS="--mode mine --docs 100000,1000000 --baseline /tmp/old_tree"
