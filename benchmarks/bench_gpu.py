@@ -25,12 +25,14 @@ Rows, each in a fresh process (peak memory is per row):
 
 The texts are the demo corpus cut at the sequence length (dynamic padding, so real tokens < positions). Figures:
 samples/s, real tokens/s, padding, MFU = 6 x non-embedding parameters x padded tokens / s / the device's peak dense
-bf16 FLOP/s (a table of known devices, or ``--peak-tflops``), and peak GPU memory. The FLOPs count the model's
-matrix products, not attention's scores (a few % at these lengths) nor a recompute: gradient checkpointing's rows
-count 6N like full fine-tuning (its MFU falls by what the recompute costs). A LoRA row counts what its step needs:
-the forward (2N) and the gradients of the activations (2N) through the frozen weights, no weight gradients for
-them, plus 6 x the adapters' parameters, i.e. ~4N where full fine-tuning counts 6N. Without CUDA it says so and exits
-0; ``--cpu`` runs the same code path on the CPU instead (fp32, for tests: ``--sizes tiny --decoders qwen2-tiny``).
+bf16 FLOP/s (a table of known devices, or ``--peak-tflops``), and peak GPU memory beside the estimate every run
+prints (gte_pro/training/memory.py, texts at full length: an upper bound of these padded batches). The FLOPs count
+the model's matrix products, not attention's scores (a few % at these lengths) nor a recompute: gradient
+checkpointing's rows count 6N like full fine-tuning (its MFU falls by what the recompute costs). A LoRA row counts
+what its step needs: the forward (2N) and the gradients of the activations (2N) through the frozen weights, no
+weight gradients for them, plus 6 x the adapters' parameters, i.e. ~4N where full fine-tuning counts 6N. Without
+CUDA it says so and exits 0; ``--cpu`` runs the same code path on the CPU instead (fp32, for tests: ``--sizes tiny
+--decoders qwen2-tiny``).
 """
 
 from __future__ import annotations
@@ -159,7 +161,20 @@ def measure(row: dict, args: argparse.Namespace, work: Path) -> Result:
     payload = {"batch_size": row["batch"], "max_length": row["seq"], "steps": args.steps, "seed": 42,
                "precision": args.precision, "threads": args.threads, "pairs": None, "pairs_file": None,
                "eval_queries": None, "work_dir": str(work), "save_dir": None, "spec": spec}
-    return with_decoder_flops({**row, **harness.run_child(train_child, payload, work, args.timeout)})
+    result = with_decoder_flops({**row, **harness.run_child(train_child, payload, work, args.timeout)})
+    return {**result, "estimated_mb": estimated_mb(overrides, args.precision, cuda=not args.cpu)}
+
+
+def estimated_mb(overrides: list[str], precision: str, cuda: bool) -> float | None:
+    """The memory estimate a run prints (gte_pro.training.memory) for the row's config, in MB: texts at full length,
+    so an upper bound of the demo corpus's dynamically padded batches."""
+    from bench_memory import compose, estimated_peak
+
+    try:
+        return estimated_peak(compose([*overrides, f"precision={precision}"]), cuda=cuda) / 2**20
+    except Exception as error:  # noqa: BLE001 - a figure beside the measurement; never fail the row for it
+        print(f"estimate failed: {type(error).__name__}: {error}", flush=True)
+        return None
 
 
 def with_mfu(result: Result, tflops: float | None) -> Result:
@@ -178,7 +193,8 @@ def report(results: list[Result], skipped: list[dict], args: argparse.Namespace,
         Column("change", lambda r: r["change"] or "-", numeric=False, key=True),
         Column("samples/s", "samples_per_s", ".1f"), Column("real tokens/s", "real_tokens_per_s", ",.0f"),
         Column("padding", "padding_fraction", ".2f"), Column("MFU", "mfu", ".1%"),
-        Column("peak GPU MB", "peak_gpu_mb", ",.0f"), Column("peak RSS MB", "peak_rss_mb", ",.0f")], results))
+        Column("peak GPU MB", "peak_gpu_mb", ",.0f"), Column("estimated MB", "estimated_mb", ",.0f"),
+        Column("peak RSS MB", "peak_rss_mb", ",.0f")], results))
     for result in results:
         if "error" in result:
             print(f"FAILED: {describe(result)}: {result['error']}")
@@ -196,6 +212,8 @@ def row_line(result: Result) -> str:
         return f"{describe(result)}: FAILED {result['error']}"
     mfu = f", MFU {result['mfu']:.1%}" if "mfu" in result else ""
     gpu = f", peak GPU {result['peak_gpu_mb']:,.0f} MB" if result.get("peak_gpu_mb") else ""
+    if result.get("estimated_mb"):
+        gpu += f" (estimated {result['estimated_mb']:,.0f} MB)"
     return (f"{describe(result)}: {result['samples_per_s']:.1f} samples/s, {result['real_tokens_per_s']:,.0f} real "
             f"tokens/s, padding {result['padding_fraction']:.2f}{mfu}{gpu}")
 

@@ -42,6 +42,7 @@ def test_the_rows_run_on_the_cpu_with_a_tiny_model(tmp_path: Path, capsys: pytes
     for row in rows:
         assert "error" not in row, row
         assert row["samples_per_s"] > 0 and row["measured_steps"] == 2 and 0 <= row["padding_fraction"] < 1
+        assert row["estimated_mb"] > 0  # the estimate every run prints, beside the measured peak
         assert "mfu" not in row  # no peak FLOP/s is known for a CPU: the MFU column stays empty
     # the changed rows train the very batches of their reference row (GradCache in chunks of 4)
     assert rows[2]["first_batch"] == rows[3]["first_batch"] == rows[1]["first_batch"] != rows[0]["first_batch"]
@@ -88,6 +89,7 @@ def test_the_decoder_rows_run_on_the_cpu_with_a_tiny_qwen2(tmp_path: Path, capsy
     for row in rows:
         assert "error" not in row, row
         assert row["samples_per_s"] > 0 and row["measured_steps"] == 2 and row["gflops"] > 0
+        assert row["estimated_mb"] > 0
     # the same batches whatever the change; the FLOP count leaves the 4,096-row embedding matrix out
     assert len({row["first_batch"] for row in rows}) == 1
     assert rows[0]["non_embedding_params"] == bench_gpu.decoder_flops("qwen2-tiny", None)[0]
