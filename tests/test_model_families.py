@@ -186,3 +186,15 @@ def test_fsdp_makes_each_hugging_face_block_its_own_shard_unit(bpe: str):
     bert = Encoder(packaged_minilm_path(), random_init_config=BERT, max_length=32)
     assert {cls.__name__ for cls in no_split_layer_classes(qwen2)} == {"Qwen2DecoderLayer"}
     assert {cls.__name__ for cls in no_split_layer_classes(bert)} == {"BertEmbeddings", "BertLayer"}
+
+
+def test_fsdp_wraps_lora_adapters_apart_from_their_frozen_layers(bpe: str):
+    from gte_pro.launch.fsdp import layer_policy
+
+    encoder = Encoder(bpe, random_init_config=QWEN2, pooling="last", max_length=32, lora={"r": 4})
+    policy = layer_policy(encoder)
+    wrapped = {name for name, module in encoder.named_modules()
+               if name and policy(module=module, recurse=False, nonwrapped_numel=1)}
+    assert "backbone.base_model.model.layers.0" in wrapped
+    assert "backbone.base_model.model.layers.0.self_attn.q_proj.lora_A.default" in wrapped
+    assert not any(name.endswith(("q_proj.base_layer", "embed_tokens")) for name in wrapped)  # frozen: in their block

@@ -28,6 +28,29 @@ def no_split_layer_classes(model: torch.nn.Module) -> set[type[torch.nn.Module]]
     return {type(module) for module in model.modules() if type(module).__name__ in names}
 
 
+def layer_policy(model: torch.nn.Module) -> Any:
+    """Each transformer block a unit; with LoRA (frozen weights beside trainable ones), each trainable leaf module
+    (an adapter) a unit of its own too, as peft's ``fsdp_auto_wrap_policy`` does: a unit that mixes the two keeps
+    gradient buffers for its frozen weights, and the tiny adapters would all land on one rank's shard."""
+    import functools
+
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, _or_policy, lambda_auto_wrap_policy
+
+    layers = no_split_layer_classes(model)
+    if not layers:
+        return None
+    blocks = ModuleWrapPolicy(layers)
+    if all(p.requires_grad for p in model.parameters()):
+        return blocks
+
+    def trainable_leaf(module: torch.nn.Module) -> bool:
+        own = list(module.parameters(recurse=False))
+        return not list(module.children()) and bool(own) and all(p.requires_grad for p in own)
+
+    adapters = functools.partial(lambda_auto_wrap_policy, lambda_fn=trainable_leaf)
+    return functools.partial(_or_policy, policies=[adapters, blocks])
+
+
 class FSDPStrategy(LightningFSDP):
     """Lightning's FSDP; ``auto_wrap_policy: null`` (the default) wraps each transformer layer on its own."""
 
@@ -39,15 +62,11 @@ class FSDPStrategy(LightningFSDP):
 
     def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
         from torch.distributed.fsdp import FullyShardedDataParallel
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-
         # Wrapping changes the module in place (its layers become FSDP units, its parameters views into flat shards),
         # so the validation before training and the fit after it must share one wrapper
         if self._wrapped is not None and self._wrapped[0] is model:
             return self._wrapped[1]
-        policy = self._wrap_policy
-        if policy is None and (layers := no_split_layer_classes(model)):
-            policy = ModuleWrapPolicy(layers)
+        policy = self._wrap_policy if self._wrap_policy is not None else layer_policy(model)
         # Lightning passes device_id=None on the CPU, which torch's FSDP reads as "find an accelerator"
         device = self.root_device if self.root_device.type == "cpu" else self.root_device.index
         model = FullyShardedDataParallel(module=model, cpu_offload=self.cpu_offload,
