@@ -128,20 +128,25 @@ def _last_weights(run: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_a_decoder_trains_alike_on_one_process_under_ddp_and_under_fsdp(tmp_path: Path, cache_dir: Path):
-    """`model=tiny_qwen2` through train.py: one process on batch 8, and 2 gloo ranks on 4 rows each of the same
-    global batches, with DDP and with FSDP (each Qwen2 layer its own shard unit). The first step's loss and gradients
-    of DDP are one process's; after 4 AdamW steps all three hold the same weights (Adam moves every weight by ~lr =
-    1e-3 a step, 1,000x the tolerance) and validate alike; the FSDP run exports full weights that reproduce it."""
+@pytest.mark.parametrize("model", ["tiny_qwen2", "tiny_modernbert"])
+def test_a_model_trains_alike_on_one_process_under_ddp_and_under_fsdp(tmp_path: Path, cache_dir: Path, model: str):
+    """`model=tiny_qwen2` (and ModernBERT) through train.py: one process on batch 8, and 2 gloo ranks on 4 rows each of
+    the same global batches, with DDP and with FSDP (each Qwen2 or ModernBERT layer its own shard unit). The first
+    step's loss and gradients of DDP are one process's; after 4 AdamW steps all three hold the same weights (Adam
+    moves every weight by ~lr = 1e-3 a step, 1,000x the tolerance) and validate alike; the FSDP run exports full
+    weights that reproduce it."""
     import subprocess
     import sys
 
     from tests.conftest import REPO
 
+    # a random tiny ModernBERT's CLS is nearly the same for every text (the loss is ln 8): its gradients would be
+    # fp32 cancellation noise, so its runs compare mean pooling
+    pooling = ["model.pooling=mean"] if model == "tiny_modernbert" else []
     runs = {}
     for name, overrides in STRATEGIES.items():
         run, probe = tmp_path / name, tmp_path / f"{name}_probe"
-        cmd = [sys.executable, "train.py", "debug=fast", "model=tiny_qwen2", "trainer.precision=32-true",
+        cmd = [sys.executable, "train.py", "debug=fast", f"model={model}", *pooling, "trainer.precision=32-true",
                "logger=none", "callbacks.progress_bar=null", "export.hf=false",
                "+callbacks.probe._target_=tests.probes.FirstStepProbe",
                f"+callbacks.probe.out_dir={probe}", f"paths.cache_dir={cache_dir}", f"hydra.run.dir={run}", *overrides]
@@ -173,10 +178,11 @@ def test_a_decoder_trains_alike_on_one_process_under_ddp_and_under_fsdp(tmp_path
 
 
 @pytest.mark.slow
-def test_a_stopped_decoder_run_resumes_to_bit_identical_weights(make_cfg, tmp_path: Path):
+@pytest.mark.parametrize("model", ["tiny_qwen2", "tiny_modernbert"])
+def test_a_stopped_run_resumes_to_bit_identical_weights(make_cfg, tmp_path: Path, model: str):
     from tests.test_resume import RUN, stop_at_step_7_and_resume
 
-    stop_at_step_7_and_resume(make_cfg, tmp_path, [*RUN, "model=tiny_qwen2"])
+    stop_at_step_7_and_resume(make_cfg, tmp_path, [*RUN, f"model={model}"])
 
 
 def test_fsdp_makes_each_hugging_face_block_its_own_shard_unit(bpe: str):

@@ -13,11 +13,14 @@ Two things Lightning's own class leaves to the user:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from lightning.pytorch.strategies import FSDPStrategy as LightningFSDP
+
+log = logging.getLogger(__name__)
 
 
 def no_split_layer_classes(model: torch.nn.Module) -> set[type[torch.nn.Module]]:
@@ -51,6 +54,16 @@ def layer_policy(model: torch.nn.Module) -> Any:
     return functools.partial(_or_policy, policies=[adapters, blocks])
 
 
+def one_forward_per_batch(model: torch.nn.Module) -> None:
+    """FSDP gathers each block inside every forward, so the ranks must run the same number of forwards: a batch is
+    not cut into length chunks (``model.length_chunks``), whose number depends on each rank's own texts."""
+    for module in model.modules():
+        if getattr(module, "length_chunks", 1) != 1:
+            log.info("strategy=fsdp: model.length_chunks=%s -> 1 (every rank must run the same forwards)",
+                     module.length_chunks)
+            module.length_chunks = 1
+
+
 class FSDPStrategy(LightningFSDP):
     """Lightning's FSDP; ``auto_wrap_policy: null`` (the default) wraps each transformer layer on its own."""
 
@@ -67,6 +80,7 @@ class FSDPStrategy(LightningFSDP):
         if self._wrapped is not None and self._wrapped[0] is model:
             return self._wrapped[1]
         policy = self._wrap_policy if self._wrap_policy is not None else layer_policy(model)
+        one_forward_per_batch(model)
         # Lightning passes device_id=None on the CPU, which torch's FSDP reads as "find an accelerator"
         device = self.root_device if self.root_device.type == "cpu" else self.root_device.index
         model = FullyShardedDataParallel(module=model, cpu_offload=self.cpu_offload,
