@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -211,9 +213,34 @@ class _OnnxGraph(nn.Module):
         return self.encoder(input_ids=input_ids, attention_mask=attention_mask)
 
 
+# attention implementations the TorchScript exporter traces into plain ONNX ops (flash / flex kernels have none)
+_TRACEABLE_ATTENTION = ("sdpa", "eager")
+
+
+@contextmanager
+def _traceable_attention(encoder: Encoder) -> Iterator[None]:
+    """The backbone on sdpa while it is traced (it computes what flash_attention_2 does, on padded tensors), then
+    back to what it ran on."""
+    backbone = encoder.backbone
+    previous = backbone.config._attn_implementation
+    if previous in _TRACEABLE_ATTENTION:
+        yield
+        return
+    backbone.set_attn_implementation("sdpa")
+    try:
+        yield
+    finally:
+        backbone.set_attn_implementation(previous)
+
+
 def export_onnx(encoder: Encoder, path: str | Path, opset: int = 17) -> Path:
     """One ONNX graph (inputs ``input_ids``, ``attention_mask``; output ``embeddings``) with dynamic batch and
     sequence axes; pooling settings go into the model's metadata. Needs ``onnx`` (``pip install -e '.[export]'``).
+
+    The graph is the module's forward pass, so a decoder's causal mask, left padding's position ids (counted from
+    the mask) and last-token pooling (found from the mask: either padding side) are in it; a ModernBERT's local
+    attention window too. The tokenizer (exported with the model: padding side, EOS) and the instruction stay
+    outside, as with every layout.
     """
     path = write_atomic(path, lambda tmp: _write_onnx(encoder, tmp, opset), suffix=".onnx")
     log.info("exported ONNX model to %s", path)
@@ -232,7 +259,7 @@ def _write_onnx(encoder: Encoder, tmp: Path, opset: int) -> None:
     axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"},
             "embeddings": {0: "batch"}}
     try:
-        with torch.no_grad(), warnings.catch_warnings():
+        with torch.no_grad(), warnings.catch_warnings(), _traceable_attention(encoder):
             # the TorchScript exporter (no onnxscript needed) warns about its deprecation and about python branches
             # in the traced code; the export is checked against the module right after, which is what matters
             warnings.simplefilter("ignore")

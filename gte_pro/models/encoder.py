@@ -8,6 +8,7 @@ geometry its checkpoint was trained with; an explicit config value overrides the
 from __future__ import annotations
 
 import copy
+import importlib.util
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +36,19 @@ from gte_pro.models.lora import with_lora
 from gte_pro.models.pooling import POOLING_MODES, detect_pooling, pool
 
 log = logging.getLogger(__name__)
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def best_attention(model_type: str, device_type: str, half: bool) -> str | None:
+    """``model.attn_implementation=null``: ModernBERT's fastest attention for a pass on ``device_type``; None (the
+    model's own default) for other architectures. flash_attention_2 needs the ``flash_attn`` package, a GPU and
+    fp16/bf16 (on fp32 inputs it would run in the weights' fp32 and fail); its varlen kernel skips the padding's
+    attention. Everywhere else sdpa: eager computes the same, slower (docs/models.md, make bench-modernbert)."""
+    if model_type != "modernbert":
+        return None
+    if device_type == "cuda" and half and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
 
 
 class Encoder(nn.Module):
@@ -63,6 +77,10 @@ class Encoder(nn.Module):
         check_trust_remote_code(trust_remote_code)
         self.name_or_path = str(name_or_path)
         self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(self.name_or_path, trust_remote_code)
+        # null: chosen per device and precision at the first pass there (best_attention), not once at build time,
+        # where the model is still on the CPU
+        self.auto_attention = attn_implementation is None
+        self._attention_key: tuple[str, bool] | None = None
         prepare_tokenizer(self.tokenizer, padding_side, append_eos)
         if random_init_config is not None:
             # a small randomly initialised BERT that shares the named tokenizer (used by tests / debug)
@@ -128,6 +146,8 @@ class Encoder(nn.Module):
         return [m for m in self.projection if isinstance(m, nn.Linear)][-1].out_features
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **extra: torch.Tensor) -> torch.Tensor:
+        if self.auto_attention:
+            self._pick_attention(input_ids.device.type)
         plan = self._chunk_plan(attention_mask)
         if plan is None:
             return self._embed(input_ids, attention_mask, **extra)
@@ -136,6 +156,17 @@ class Encoder(nn.Module):
     def chunks_on(self, device: torch.device) -> int:
         """The most length chunks a pass on ``device`` runs in (``model.length_chunks``)."""
         return chunks_for(self.length_chunks, device.type)
+
+    def _pick_attention(self, device_type: str) -> None:
+        """``model.attn_implementation=null``: the backbone's attention for this device and precision."""
+        half = torch.is_autocast_enabled(device_type) or next(self.parameters()).dtype in _HALF
+        if (device_type, half) == self._attention_key or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+            return
+        self._attention_key = (device_type, half)
+        choice = best_attention(self.backbone.config.model_type, device_type, half)
+        if choice and choice != self.backbone.config._attn_implementation:
+            log.info("model.attn_implementation=null: %s on %s", choice, device_type)
+            self.backbone.set_attn_implementation(choice)
 
     def _chunk_plan(self, attention_mask: torch.Tensor) -> list[tuple[np.ndarray, int]] | None:
         """The length chunks of this pass (``model.length_chunks``), or None for one pass over the padded batch."""
@@ -184,6 +215,9 @@ class Encoder(nn.Module):
         finally:
             if self._spare_pooler:
                 backbone.pooler = None
+        # save_pretrained writes the tokenizer's init kwargs, which miss a padding side set after loading
+        # (model.padding_side): a decoder's exports would pad on the right
+        self.tokenizer.init_kwargs["padding_side"] = self.tokenizer.padding_side
         self.tokenizer.save_pretrained(str(folder))
 
     def save_adapter(self, folder: str | Path) -> None:
