@@ -69,6 +69,9 @@ docs: install
 #   make bench-teachers ARGS="--seeds 1,2,3 --max-train 1000 --max-test 200 --steps 40 --range-max 30"
 # bench-options: full fine-tune vs LoRA vs Matryoshka vs projection head at equal steps on pydocs: NDCG@10 (full and
 #   truncated), trainable parameters, samples/s, peak RSS (~35 min on 2 CPU cores with the settings in the README)
+# bench-modernbert: ModernBERT's training step by attention implementation and length chunks, interleaved rounds
+#   (docs/models.md#modernbert; ~5 min on 2 CPU cores)
+#   make bench-modernbert ARGS="--threads 1 --variants sdpa/1,sdpa/2,sdpa/4,eager/1 --steps 2"
 # bench-memory: the memory estimate every run prints (gte_pro/training/memory.py) against the measured peak of real
 #   training steps on the CPU for BERT, Qwen2 and ModernBERT configs, and the estimate per device for the GTE models
 #   at batch 8/32/128 (~2 min on 2 CPU cores; docs/models.md#memory)

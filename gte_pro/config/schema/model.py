@@ -20,7 +20,8 @@ class EncoderSchema:
     normalize: FLAG = None
     max_length: int = II("data.max_length")
     trust_remote_code: FLAG = False
-    # sdpa | eager | flash_attention_2 | null (the model's default)
+    # sdpa | eager | flash_attention_2 | flex_attention | null (ModernBERT: flash_attention_2 on a GPU with
+    # flash_attn installed and a 16-bit pass, else sdpa; other architectures: transformers' default)
     attn_implementation: str | None = "sdpa"
     # recompute activations in backward (less memory, ~30% more compute); see also loss.mini_batch_size
     gradient_checkpointing: FLAG = False
