@@ -226,3 +226,12 @@ def test_the_loss_falls_on_the_demo_data(make_cfg, tmp_path: Path, model: str):
     assert len(losses) == 20, len(losses)
     first, last = sum(losses[:4]) / 4, sum(losses[-4:]) / 4
     assert last < 0.7 * first, (first, last)
+
+
+def test_re_mining_under_fsdp_is_refused_with_what_works(make_cfg):
+    """Re-mining embeds the corpus outside the training step, where each FSDP rank holds only shards."""
+    from gte_pro.config.checks import check_config
+
+    with pytest.raises(ConfigError, match=r"data.remine: not supported with strategy=fsdp .* use strategy=ddp"):
+        check_config(make_cfg(["strategy=fsdp", "devices=2", "data.num_negatives=1", "data.remine.every_n_epochs=1"]))
+    check_config(make_cfg(["strategy=ddp", "devices=2", "data.num_negatives=1", "data.remine.every_n_epochs=1"]))

@@ -47,15 +47,23 @@ def task_problems(cfg: DictConfig) -> list[str]:
 
 
 def remine_problems(cfg: DictConfig) -> list[str]:
-    """A teacher rescores the window in mode=mine only: re-mining during training mines with the embedder alone."""
+    """A teacher rescores the window in mode=mine only: re-mining during training mines with the embedder alone,
+    each rank embedding its share of the corpus, which FSDP's sharded weights cannot do outside the training step."""
     remine = OmegaConf.select(cfg, "data.remine", default=None)
+    if not (isinstance(remine, DictConfig) and (remine.get("every_n_epochs") or remine.get("at_start"))):
+        return []
+    problems = []
     teacher = OmegaConf.select(cfg, "mine.rescore_with", default=None, throw_on_missing=False)
-    if teacher is not None and isinstance(remine, DictConfig) and (remine.get("every_n_epochs")
-                                                                  or remine.get("at_start")):
-        return [f"mine.rescore_with={teacher!r}: not supported with data.remine (re-mining during training mines "
-                "with the embedder alone); mine with the teacher once (mode=mine mine.rescore_with=...) and train on "
-                "its file, or set mine.rescore_with=null"]
-    return []
+    if teacher is not None:
+        problems.append(f"mine.rescore_with={teacher!r}: not supported with data.remine (re-mining during training "
+                        "mines with the embedder alone); mine with the teacher once (mode=mine "
+                        "mine.rescore_with=...) and train on its file, or set mine.rescore_with=null")
+    strategy = str(OmegaConf.select(cfg, "strategy._target_", default="") or "")
+    if strategy.endswith("FSDPStrategy"):
+        problems.append("data.remine: not supported with strategy=fsdp (each rank would embed the corpus with its "
+                        "shards of the weights); use strategy=ddp, or mine between runs (mode=mine) and set "
+                        "data.remine.every_n_epochs=0 data.remine.at_start=false")
+    return problems
 
 
 def lr_problems(cfg: DictConfig) -> list[str]:
