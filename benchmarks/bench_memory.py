@@ -175,7 +175,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from gte_pro.utils.quiet import quiet_third_party
+
     args = parse_args(argv)
+    quiet_third_party()  # the dependencies' deprecation chatter, as in a run's log
     harness.announce()
     checks = check_rows() if args.check else []
     table = table_rows(args.batch_list, args.length, args.negatives) if args.table else []
