@@ -75,6 +75,7 @@ class FSDPStrategy(LightningFSDP):
 
     def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
         from torch.distributed.fsdp import FullyShardedDataParallel
+
         # Wrapping changes the module in place (its layers become FSDP units, its parameters views into flat shards),
         # so the validation before training and the fit after it must share one wrapper
         if self._wrapped is not None and self._wrapped[0] is model:

@@ -143,8 +143,7 @@ def append_eos(tokenizer: PreTrainedTokenizerBase) -> bool:
     if backend is None:
         raise ConfigError(f"model.append_eos=true needs a fast tokenizer; {tokenizer.name_or_path} is not one")
     head = "$A" if not probe or probe[0] != tokenizer.bos_token_id else f"{tokenizer.bos_token} $A"
-    special = [(eos, eos_id)] + ([(tokenizer.bos_token, tokenizer.bos_token_id)]
-                                                  if head != "$A" else [])
+    special = [(eos, eos_id)] + ([(tokenizer.bos_token, tokenizer.bos_token_id)] if head != "$A" else [])
     backend.post_processor = processors.TemplateProcessing(single=f"{head} {eos}", pair=f"{head} {eos} $B {eos}",
                                                            special_tokens=special)
     return True

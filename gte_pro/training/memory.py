@@ -124,17 +124,18 @@ def _state_bytes(precision: str) -> int:
     return 2 if precision in ("bf16-true", "16-true", "bf16", "16") else 4
 
 
-def _mixed(precision: str) -> bool:
+def _half_activations(precision: str) -> bool:
+    """Whether the forward computes in 16 bits (``*-mixed`` autocast, or ``*-true`` 16-bit weights)."""
     return "mixed" in precision or precision in ("bf16-true", "16-true")
 
 
 def activation_bytes_per_text(shape: ModelShape, setup: Setup) -> float:
     """Saved activations of one text at ``setup.tokens_per_text`` tokens, through every layer."""
-    c_h, c_plain, c_gated = ACTIVATION_BYTES["mixed" if _mixed(setup.precision) else "32"]
+    c_h, c_plain, c_gated = ACTIVATION_BYTES["mixed" if _half_activations(setup.precision) else "32"]
     scale = 2.0 if setup.precision.startswith("64") else 1.0
     per_layer = c_h * shape.hidden + (c_gated if shape.gated_mlp else c_plain) * shape.intermediate
     if setup.lora:  # frozen projections keep no input for backward (peft's defaults adapt only attention's)
-        per_layer -= (2 * shape.hidden + shape.intermediate) * (2 if _mixed(setup.precision) else 4)
+        per_layer -= (2 * shape.hidden + shape.intermediate) * (2 if _half_activations(setup.precision) else 4)
     keeps_probs = setup.eager_attention or (not setup.cuda and shape.attention_dropout > 0)
     if keeps_probs:
         per_layer += ATTENTION_PROBS_BYTES * shape.heads * setup.tokens_per_text
@@ -151,7 +152,7 @@ def estimate(shape: ModelShape, setup: Setup) -> MemoryPlan:
     copies = 0.0
     if "mixed" in setup.precision and shards == 1 and not (setup.lora and setup.checkpointing):
         copies = 2.0 * shape.matrix_parameters
-    gathered = 2.0 * shape.largest_block * (2 if _mixed(setup.precision) else state) if shards > 1 else 0.0
+    gathered = 2.0 * shape.largest_block * (2 if _half_activations(setup.precision) else state) if shards > 1 else 0.0
     return MemoryPlan(
         weights=shape.parameters * state / shards,
         autocast_copies=copies,
@@ -205,16 +206,15 @@ def meta_backbone(model_cfg: Any, task: str = "embed") -> torch.nn.Module:
     else:
         config = AutoConfig.from_pretrained(str(model_cfg.name_or_path), trust_remote_code=remote)
     model_class = AutoModelForSequenceClassification if task == "rerank" else AutoModel
-    extra = {"num_labels": 1} if task == "rerank" else {}
-    for key, value in extra.items():
-        setattr(config, key, value)
+    if task == "rerank":
+        config.num_labels = 1  # a reranker's one-logit head
     with torch.device("meta"):
         backbone = model_class.from_config(config, trust_remote_code=remote)
     lora = model_cfg.get("lora")
     return with_lora(backbone, dict(lora)) if lora else backbone
 
 
-def setup_of(cfg: Any, cuda: bool, shape: ModelShape | None = None) -> Setup:
+def setup_of(cfg: Any, cuda: bool) -> Setup:
     """The per-device work of the composed config ``cfg``."""
     task = str(cfg.get("task", "embed"))
     per_row = 1 + int(cfg.data.get("num_negatives", 0) or 0) + (0 if task == "rerank" else 1)
