@@ -27,6 +27,7 @@ import harness  # noqa: E402
 from harness import Column, Result  # noqa: E402
 
 from gte_pro import packaged_minilm_path  # noqa: E402
+from gte_pro.config.defaults import default_mining_options  # noqa: E402
 from gte_pro.data.records import Example  # noqa: E402
 from gte_pro.mining.embed import mine_texts  # noqa: E402
 from gte_pro.mining.options import MiningOptions  # noqa: E402
@@ -113,8 +114,8 @@ def main(argv: list[str] | None = None) -> None:
     from sentence_transformers import SentenceTransformer
 
     rows = demo_rows(args.docs, args.cache_dir)
-    options = MiningOptions(num_negatives=args.num_negatives, range_min=args.range_min, range_max=args.range_max,
-                            relative_margin=args.relative_margin)
+    options = default_mining_options(args.num_negatives, args.range_min, args.range_max,
+                                     relative_margin=args.relative_margin)
     encoder = Encoder(packaged_minilm_path(), max_length=args.max_length).eval()
     model = SentenceTransformer(packaged_minilm_path(), device="cpu")
     model.max_seq_length = args.max_length

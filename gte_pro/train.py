@@ -10,7 +10,6 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from gte_pro.config.checks import check_config
-from gte_pro.errors import ConfigError
 from gte_pro.launch.environment import job_scope
 from gte_pro.modes.evaluate import evaluate
 from gte_pro.modes.fit import fit
@@ -24,10 +23,7 @@ MODES = {"train": fit, "eval": evaluate, "mine": mine, "score": score}
 def train(cfg: DictConfig) -> float | None:
     """Run ``cfg.mode`` (train: fit + export; eval: evaluate only; mine: hard negatives; score: teacher scores);
     return ``cfg.optimized_metric`` (None for mine and score)."""
-    mode = cfg.get("mode", "train")
-    if mode not in MODES:
-        raise ConfigError(f"mode={mode!r} is not valid; valid choices: {', '.join(MODES)}")
     quiet_third_party()  # the log keeps what a user can act on (gte_pro.utils.quiet)
-    check_config(cfg)  # a wrong type or range fails here, naming the key, not as a TypeError deep inside
+    check_config(cfg)  # a wrong type, range or mode fails here, naming the key, not as a TypeError deep inside
     with job_scope(cfg.devices, cfg.get("nodes", 1)):
-        return MODES[mode](cfg)
+        return MODES[cfg.get("mode", "train")](cfg)

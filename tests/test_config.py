@@ -327,3 +327,26 @@ def _option_keys(group: str, option: str) -> set[str]:
 
     node = OmegaConf.structured(SCHEMAS[group].get(option) or next(iter(SCHEMAS[group].values())))
     return set(node.keys())
+
+
+@pytest.mark.parametrize(("overrides", "problem"), [
+    (["loss.similarity=euclid"], "loss.similarity='euclid': valid choices: cosine, dot"),
+    (["loss.temperature=0"], "loss.temperature=0.0: expected a number > 0"),
+    (["loss.max_skipped_steps=-1"], "loss.max_skipped_steps=-1: expected an integer >= 0"),
+    (["loss=gte", "loss.mask_own_negatives=yes"], "loss.mask_own_negatives='yes': valid choices: true, false"),
+    (["loss=distill_kl", "loss.teacher_temperature=0"], "loss.teacher_temperature=0.0: expected a number > 0"),
+    (["loss=margin_mse", "loss.weight_infonce=-1"], "loss.weight_infonce=-1.0: expected a number >= 0"),
+    (["loss.matryoshka_dims=[32,16]", "loss.matryoshka_weights=[1.0]"],
+     "loss.matryoshka_weights=[1.0]: expected one weight per dimension of loss.matryoshka_dims=[32, 16]"),
+    (["loss=gte", "loss.matryoshka_weights=[1.0]"], "loss.matryoshka_weights=[1.0]: set but loss.matryoshka_dims"),
+    (["loss.matryoshka_dims=[16,16]"], "loss.matryoshka_dims=[16, 16]: expected null or a list of distinct"),
+    (["task=rerank", "loss.temperature=0"], "loss.temperature=0.0: expected a number > 0"),
+    (["task=rerank", "loss=pointwise_bce", "loss.pos_weight=0"], "loss.pos_weight=0.0: expected a number > 0"),
+    (["data.batch_size=1"], "data.batch_size=1: expected an integer >= 2"),
+    (["resume=sometimes"], "resume='sometimes': valid choices: auto, never, force"),
+])
+def test_a_key_is_checked_once_by_its_schemas_rule(make_cfg, overrides, problem):
+    """The constructors behind the targets no longer check these: the config check is the one place, and it names
+    the key, the value and what is valid."""
+    problems = config_problems(make_cfg(overrides))
+    assert any(p.startswith(problem) for p in problems), problems

@@ -123,7 +123,7 @@ def test_a_misspelt_optimized_metric_of_eval_mode_is_an_error(make_cfg, tmp_path
 
 
 def test_unknown_mode_names_the_choices(make_cfg):
-    with pytest.raises(ValueError, match="mode='predict' is not valid; valid choices: train, eval"):
+    with pytest.raises(ValueError, match="mode='predict': valid choices: train, eval, mine, score"):
         train(make_cfg(["mode=predict"]))
 
 

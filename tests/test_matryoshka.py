@@ -51,12 +51,6 @@ def test_matryoshka_settings_are_checked():
     with pytest.raises(ValueError, match=r"matryoshka_dims=\[64\]: 64 is larger than the model's embedding "
                                          r"dimension 32"):
         InfoNCELoss(matryoshka_dims=[64])(torch.randn(4, 32), torch.randn(4, 32))
-    with pytest.raises(ValueError, match=r"matryoshka_weights=\[1.0\]: expected one weight >= 0 per dimension"):
-        InfoNCELoss(matryoshka_dims=[32, 16], matryoshka_weights=[1.0])
-    with pytest.raises(ValueError, match="matryoshka_weights is set but loss.matryoshka_dims is not"):
-        GTELoss(matryoshka_weights=[1.0])
-    with pytest.raises(ValueError, match="distinct positive dimensions"):
-        InfoNCELoss(matryoshka_dims=[16, 16])
 
 
 def test_validation_per_dimension_is_what_sentence_transformers_gives_with_truncate_dim(make_cfg, tmp_path: Path):

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from gte_pro.config.defaults import default_mining_options
 from gte_pro.errors import ConfigError
-from gte_pro.mining.options import MiningOptions, rescore_options
+from gte_pro.mining.options import rescore_options
 from gte_pro.mining.rescore import select_rescored
 from gte_pro.models.teacher import CrossEncoderTeacher, load_teacher
 from tests.conftest import write_jsonl
@@ -28,16 +29,16 @@ def test_candidates_at_or_above_the_positive_are_dropped_and_the_rest_kept_by_te
     ids = torch.tensor([[5, 6, 7, 8, 9, -1], [1, 2, 3, 4, 5, 6]])
     scores = torch.tensor([[0.2, 0.9, 0.5, 0.1, 0.3, NAN], [3.0, -1.0, 2.0, 0.5, 2.0, 1.0]])
     positive = torch.tensor([0.5, NAN])  # the second query has no positive: nothing is dropped
-    options = MiningOptions(3, 0, 6, relative_margin=None)
+    options = default_mining_options(3, 0, 6, relative_margin=None)
     out, out_scores, dropped = select_rescored(ids, scores, positive, options)
     # 6 scores above the positive, 7 equals it: both dropped; the rest best first by the teacher, not the embedder
     assert out.tolist() == [[9, 5, 8], [1, 3, 5]] and dropped.tolist() == [2, 0]
     assert torch.equal(out_scores, torch.tensor([[0.3, 0.2, 0.1], [3.0, 2.0, 2.0]]))  # equal: embedder rank first
     # the margins apply to the teacher's scores: above 0.5 - 0.25 goes too
-    out, out_scores, dropped = select_rescored(ids, scores, positive, MiningOptions(3, 0, 6, relative_margin=None,
-                                                                                   absolute_margin=0.25))
+    margin = default_mining_options(3, 0, 6, relative_margin=None, absolute_margin=0.25)
+    out, out_scores, dropped = select_rescored(ids, scores, positive, margin)
     assert out[0].tolist() == [5, 8, -1] and math.isnan(out_scores[0, 2]) and dropped.tolist() == [3, 0]
-    out, _, dropped = select_rescored(ids, scores, positive, MiningOptions(3, 0, 6, relative_margin=None,
+    out, _, dropped = select_rescored(ids, scores, positive, default_mining_options(3, 0, 6, relative_margin=None,
                                                                            max_score=1.5))
     assert out[1].tolist() == [6, 4, 2] and dropped.tolist() == [2, 3]
 
@@ -47,9 +48,10 @@ def test_random_sampling_draws_among_the_teachers_survivors():
     ids = torch.arange(40 * 30).reshape(40, 30)
     scores = torch.randn(40, 30, generator=gen)
     positive = torch.randn(40, generator=gen)
-    draws = [select_rescored(ids, scores, positive, MiningOptions(4, 0, 30, sampling="random", relative_margin=None,
-                                                                  seed=seed), first_row=7) for seed in (0, 1)]
-    top, _, _ = select_rescored(ids, scores, positive, MiningOptions(4, 0, 30, relative_margin=None))
+    draws = [select_rescored(ids, scores, positive, default_mining_options(4, 0, 30, sampling="random",
+                                                                          relative_margin=None, seed=seed),
+                             first_row=7) for seed in (0, 1)]
+    top, _, _ = select_rescored(ids, scores, positive, default_mining_options(4, 0, 30, relative_margin=None))
     for out, out_scores, _ in draws:
         kept = out >= 0
         assert (out_scores[kept] < positive[:, None].expand_as(out)[kept]).all()
@@ -89,7 +91,7 @@ def test_rescore_window_judges_with_the_teachers_scores():
     # the embedder's window: 20 non-positives a query in id order (ids 25 and 26 in q0's)
     ids = torch.tensor([[j for j in range(8, 30) if j not in p][:20] for p in positives])
     window = MinedNegatives(ids, torch.zeros(ids.shape), torch.zeros(6), 0, 0)
-    options = MiningOptions(4, 0, 20, relative_margin=None, absolute_margin=0.3)
+    options = default_mining_options(4, 0, 20, relative_margin=None, absolute_margin=0.3)
     held_out = [Example("q9", ["d1"], ["d2", "d3"])]
     mined, rescored = rescore_window(teacher, queries, corpus, positives, window, options, 7, held_out=held_out)
     assert teacher.calls == [7] * 19 + [3]  # 13 positives + 120 candidates + 3 held-out texts, 7 pairs a call
@@ -209,7 +211,7 @@ def test_mode_mine_with_a_teacher_drops_what_it_puts_above_the_positive_and_writ
 @pytest.mark.parametrize(("overrides", "message"), [
     (["mode=mine", "mine.rescore_kind=bogus"], "mine.rescore_kind='bogus': valid choices: null, cross-encoder, "
                                                "embedder"),
-    (["mode=mine", "mine.rescore_with=t", "mine.rescore_batch_size=0"], "mine.rescore_batch_size=0: expected >= 1"),
+    (["mode=mine", "mine.rescore_with=t", "mine.rescore_batch_size=0"], "mine.rescore_batch_size=0: expected an integer >= 1"),
     (["mine.rescore_with=teacher", "data.remine.every_n_epochs=1"], "mine.rescore_with='teacher': not supported with "
                                                                     "data.remine"),
 ])
@@ -229,10 +231,12 @@ def test_a_relative_margin_on_logits_is_refused(make_cfg, tmp_path: Path, teache
     assert not (tmp_path / "refused" / "mined.jsonl").exists()
 
 
-def test_rescore_options_name_the_key():
+def test_rescore_options_name_the_key(make_cfg):
+    from gte_pro.config.checks import config_problems
+
     assert rescore_options({"rescore_with": None}) is None
-    assert rescore_options({"rescore_with": "t", "rescore_kind": "embedder"}).kind == "embedder"
-    with pytest.raises(ConfigError, match="data.x.rescore_with='  ': expected the teacher's folder or hub name"):
-        rescore_options({"rescore_with": "  "}, where="data.x")
-    with pytest.raises(ConfigError, match="mine.rescore_max_length=0: expected an integer >= 1"):
-        rescore_options({"rescore_with": "t", "rescore_max_length": 0})
+    assert rescore_options({"rescore_with": "t", "rescore_kind": "embedder", "rescore_batch_size": 8,
+                            "rescore_max_length": 64}).kind == "embedder"
+    problems = config_problems(make_cfg(["mine.rescore_with='  '", "mine.rescore_max_length=0"]))
+    assert "mine.rescore_with='  ': expected a non-empty string or null" in problems
+    assert "mine.rescore_max_length=0: expected an integer >= 1" in problems

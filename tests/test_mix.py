@@ -266,9 +266,6 @@ JSONL = {"type": "jsonl", "train_file": "a.jsonl"}
     ({"weights": {"qa": 1, "code": "x"}}, r"data\.weights\.code='x': expected a number >= 0"),
     ({"weights": {"qa": 0, "code": 0.0}}, r"data\.weights: all zero"),
     ({"weights": 3}, r"data\.weights=3: expected name -> weight for the sources qa, code"),
-    ({"alpha": -0.5}, r"data\.alpha=-0\.5: expected a number >= 0"),
-    ({"alpha": True}, r"data\.alpha=True: expected a number >= 0"),
-    ({"same_source_batches": "yes"}, r"data\.same_source_batches='yes': valid choices: true, false"),
     ({"same_source_batches": False, "sources": {"qa": JSONL, "code": {**JSONL, "num_negatives": 2}}},
      r"num_negatives differ \(qa: 0, code: 2\) but with data\.same_source_batches=false"),
 ])

@@ -195,7 +195,7 @@ def test_mistakes_in_the_score_keys_name_the_key(make_cfg, cross_encoder: Path, 
         _score(make_cfg, ["mode=score", f"score.teacher={cross_encoder}"], tmp_path / "b")
     with pytest.raises(ConfigError, match=r"score.teacher_kind='reranker': valid choices: cross-encoder, embedder"):
         _score(make_cfg, _overrides(cross_encoder, train_file, "score.teacher_kind=reranker"), tmp_path / "c")
-    with pytest.raises(ConfigError, match=r"score.shard_rows=0: expected >= 1"):
+    with pytest.raises(ConfigError, match=r"score.shard_rows=0: expected an integer >= 1"):
         _score(make_cfg, _overrides(cross_encoder, train_file, "score.shard_rows=0"), tmp_path / "d")
     with pytest.raises(ConfigError, match=r"is the input file"):
         _score(make_cfg, _overrides(cross_encoder, train_file, f"score.output={train_file}"), tmp_path / "e")

@@ -85,3 +85,31 @@ def topology_problems(cfg: DictConfig) -> list[str]:
         return []
     return [f"trainer.num_nodes={num_nodes!r} differs from nodes={nodes!r}: the node count is `nodes` alone "
             f"(trainer.num_nodes and hydra.launcher.nodes follow it); set nodes={num_nodes} instead"]
+
+
+def matryoshka_problems(cfg: DictConfig) -> list[str]:
+    """One weight per Matryoshka dimension, and no weights without dimensions."""
+    dims = OmegaConf.select(cfg, "loss.matryoshka_dims", default=None, throw_on_missing=False)
+    weights = OmegaConf.select(cfg, "loss.matryoshka_weights", default=None, throw_on_missing=False)
+    if weights is not None and not dims:
+        return [f"loss.matryoshka_weights={list(weights)}: set but loss.matryoshka_dims is not; give the dimensions "
+                "(e.g. loss.matryoshka_dims=[384,256,128]) or drop the weights"]
+    if dims and weights is not None and len(weights) != len(dims):
+        return [f"loss.matryoshka_weights={list(weights)}: expected one weight per dimension of "
+                f"loss.matryoshka_dims={list(dims)}"]
+    return []
+
+
+def mine_window_problems(cfg: DictConfig) -> list[str]:
+    """The rank window [mine.range_min, mine.range_max) is not empty and holds mine.num_negatives."""
+    low = OmegaConf.select(cfg, "mine.range_min", default=None, throw_on_missing=False)
+    high = OmegaConf.select(cfg, "mine.range_max", default=None, throw_on_missing=False)
+    wanted = OmegaConf.select(cfg, "mine.num_negatives", default=None, throw_on_missing=False)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high, wanted)):
+        return []  # a bad value of one of them is named by its own rule
+    if low >= high:
+        return [f"mine.range_min={low}: must be smaller than mine.range_max={high}"]
+    if wanted > high - low:
+        return [f"mine.num_negatives={wanted}: more than the window holds (mine.range_max - mine.range_min = "
+                f"{high - low})"]
+    return []

@@ -24,7 +24,7 @@ from gte_pro.data.records import CleaningReport, Example, iter_clean_examples
 from gte_pro.data.sampling import EpochSampler, ResumableLoader
 from gte_pro.data.split import is_held_out
 from gte_pro.data.validation import ValidationSets
-from gte_pro.errors import ConfigError, DataError
+from gte_pro.errors import DataError
 from gte_pro.retrieval import RetrievalSet
 from gte_pro.utils.files import published_folder, write_error
 
@@ -43,7 +43,7 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
         self,
         tokenizer: PreTrainedTokenizerBase | None = None,
         batch_size: int = 32,
-        eval_batch_size: int = 64,
+        eval_batch_size: int = 128,
         num_negatives: int = 0,
         max_length: int = 256,
         num_workers: int = 0,
@@ -63,8 +63,6 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
         remine: Any = None,  # data.remine: read by the training loop (gte_pro.mining.remine), not here
     ) -> None:
         super().__init__()
-        if batch_size < 2:
-            raise ConfigError(f"data.batch_size={batch_size}: a contrastive batch needs at least 2 pairs")
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size

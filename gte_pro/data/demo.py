@@ -106,11 +106,11 @@ def load_demo_splits(cache_dir: str | Path, **options) -> DemoSplits:
 class DemoDataModule(ContrastiveDataModule):
     """Summary line -> body pairs from the Python standard library's docstrings; works offline anywhere."""
 
-    def __init__(self, max_distractors: int = 1000, **kwargs: Any) -> None:
-        kwargs.setdefault("min_query_chars", 10)
-        kwargs.setdefault("min_doc_chars", 40)
-        kwargs.setdefault("val_fraction", 0.1)
-        super().__init__(**kwargs)
+    def __init__(self, max_distractors: int | None = 1000, val_fraction: float = 0.1, min_query_chars: int = 10,
+                 min_doc_chars: int = 40, max_length: int = 128, **kwargs: Any) -> None:
+        # the defaults a constructor keeps for use without a config are DemoData's (tests/test_config_schema.py)
+        super().__init__(val_fraction=val_fraction, min_query_chars=min_query_chars, min_doc_chars=min_doc_chars,
+                         max_length=max_length, **kwargs)
         self.max_distractors = max_distractors
 
     def _options(self) -> dict[str, Any]:

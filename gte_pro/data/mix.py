@@ -178,11 +178,6 @@ class MixDataModule(ContrastiveDataModule):
     def __init__(self, sources: Any, weights: Any = None, alpha: float = 0.5, same_source_batches: bool = True,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not math.isfinite(alpha) or alpha < 0:
-            raise DataError(f"data.alpha={alpha!r}: expected a number >= 0 (1: proportional to the sources' sizes, "
-                            "0: uniform, 0.5: the GTE paper's)")
-        if not isinstance(same_source_batches, bool):
-            raise DataError(f"data.same_source_batches={same_source_batches!r}: valid choices: true, false")
         self.alpha = float(alpha)
         self.same_source_batches = same_source_batches
         self.sources = build_sources(sources, kwargs, same_source_batches)

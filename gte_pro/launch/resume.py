@@ -18,7 +18,7 @@ from typing import Any
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from gte_pro.errors import ConfigError, MissingFileError, ResumeError
+from gte_pro.errors import MissingFileError, ResumeError
 from gte_pro.launch.checkpoint_io import LAST, PREVIOUS, is_intact
 from gte_pro.utils.files import write_json_atomic
 from gte_pro.utils.secrets import redact_secrets
@@ -58,8 +58,6 @@ def _newest_intact(folder: Path) -> Path | None:
 def resume_checkpoint(ckpt_path: str | None, resume: str, output_dir: Path) -> str | None:
     """An explicit ``ckpt_path`` wins; with ``resume=auto`` (or ``force``) a run folder that holds a checkpoint (a
     requeued SLURM job, a killed run started again with the same ``hydra.run.dir``) continues from it."""
-    if resume not in RESUME_CHOICES:
-        raise ConfigError(f"resume={resume!r} is not valid; valid choices: {', '.join(RESUME_CHOICES)}")
     if ckpt_path:
         if not Path(ckpt_path).is_file():
             raise MissingFileError(f"ckpt_path={ckpt_path}: no such checkpoint file")

@@ -45,7 +45,7 @@ class CrossEncoder(nn.Module):
         random_init_config: dict[str, Any] | None = None,
         gradient_checkpointing: bool = False,
         compile: bool = False,
-        length_chunks: int | str = 1,
+        length_chunks: int | str = "auto",
         query_prefix: str = "",
         doc_prefix: str = "",
     ) -> None:

@@ -69,7 +69,7 @@ class Encoder(nn.Module):
         compile: bool = False,
         lora: dict[str, Any] | None = None,
         projection: dict[str, Any] | None = None,
-        length_chunks: int | str = 1,
+        length_chunks: int | str = "auto",
         padding_side: str | None = None,
         append_eos: bool = False,
     ) -> None:

@@ -36,7 +36,6 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.utilities import move_data_to_device
 
-from gte_pro.errors import ConfigError
 from gte_pro.utils.distributed import is_distributed
 from gte_pro.utils.files import write_atomic, write_json_atomic
 from gte_pro.utils.progress import logs_this_step
@@ -76,8 +75,7 @@ class NonFiniteGuard:
     """Counts and skips optimizer steps with a non-finite loss or gradient norm (module docstring)."""
 
     def __init__(self, max_skipped_steps: int = 10) -> None:
-        if max_skipped_steps < 0:
-            raise ConfigError(f"loss.max_skipped_steps must be >= 0, got {max_skipped_steps}")
+        assert max_skipped_steps >= 0, "loss.max_skipped_steps is checked by the config (>= 0)"
         self.max_skipped_steps = int(max_skipped_steps)
         self.skipped = 0
         self._count: torch.Tensor | None = None  # ``skipped`` on the module's device, logged without a sync

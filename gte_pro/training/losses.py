@@ -46,23 +46,11 @@ def split_documents(docs: torch.Tensor, batch_size: int,
     return positives, docs[batch_size:].reshape(batch_size, num_negatives, -1)
 
 
-SIMILARITIES = ("cosine", "dot")
-
-
 def _matryoshka(dims: Sequence[int] | None, weights: Sequence[float] | None) -> tuple[list[int], list[float]]:
-    """Checked ``loss.matryoshka_dims`` and their weights (1 each unless given)."""
+    """``loss.matryoshka_dims`` and their weights, 1 each unless given (the config check holds them paired)."""
     if not dims:
-        if weights:
-            raise ConfigError("loss.matryoshka_weights is set but loss.matryoshka_dims is not")
         return [], []
-    dims = [int(d) for d in dims]
-    if min(dims) < 1 or len(set(dims)) != len(dims):
-        raise ConfigError(f"loss.matryoshka_dims={dims}: expected distinct positive dimensions")
-    weights = [1.0] * len(dims) if weights is None else [float(w) for w in weights]
-    if len(weights) != len(dims) or min(weights) < 0:
-        raise ConfigError(f"loss.matryoshka_weights={weights}: expected one weight >= 0 per dimension of "
-                         f"loss.matryoshka_dims={dims}")
-    return dims, weights
+    return [int(d) for d in dims], [1.0] * len(dims) if weights is None else [float(w) for w in weights]
 
 
 @dataclass
@@ -150,15 +138,7 @@ class ContrastiveLoss(nn.Module, abc.ABC):
                  similarity: str = "cosine", matryoshka_dims: Sequence[int] | None = None,
                  matryoshka_weights: Sequence[float] | None = None) -> None:
         super().__init__()
-        if temperature <= 0:
-            raise ConfigError(f"loss.temperature must be > 0, got {temperature}")
-        if similarity not in SIMILARITIES:
-            raise ConfigError(f"loss.similarity={similarity!r} is not valid; "
-                             f"valid choices: {', '.join(SIMILARITIES)}")
-        if mini_batch_size is not None and mini_batch_size < 1:
-            raise ConfigError(f"loss.mini_batch_size must be >= 1 or null, got {mini_batch_size}")
-        if max_skipped_steps < 0:
-            raise ConfigError(f"loss.max_skipped_steps must be >= 0, got {max_skipped_steps}")
+        # the values come checked (gte_pro.config.checks, from gte_pro/config/schema/loss.py)
         self.temperature = float(temperature)
         self.gather_across_devices = bool(gather_across_devices)
         self.mini_batch_size = None if mini_batch_size is None else int(mini_batch_size)
@@ -238,8 +218,6 @@ class GTELoss(ContrastiveLoss):
                  matryoshka_weights: Sequence[float] | None = None) -> None:
         super().__init__(temperature, gather_across_devices, mini_batch_size, max_skipped_steps, similarity,
                          matryoshka_dims, matryoshka_weights)
-        if not isinstance(mask_own_negatives, bool):
-            raise ConfigError(f"loss.mask_own_negatives must be true or false, got {mask_own_negatives!r}")
         self.mask_own_negatives = mask_own_negatives
 
     needs_all_queries = True

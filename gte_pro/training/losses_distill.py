@@ -37,8 +37,6 @@ class _DistillationLoss(InfoNCELoss):
                  matryoshka_weights: Sequence[float] | None = None) -> None:
         super().__init__(temperature, gather_across_devices, mini_batch_size, max_skipped_steps, similarity,
                          matryoshka_dims, matryoshka_weights)
-        if not weight_infonce >= 0:
-            raise ConfigError(f"loss.weight_infonce must be >= 0, got {weight_infonce}")
         self.weight_infonce = float(weight_infonce)
 
     def _loss(self, batch: GlobalBatch) -> LossOutput:
@@ -92,8 +90,6 @@ class DistillKLLoss(_DistillationLoss):
                  matryoshka_weights: Sequence[float] | None = None) -> None:
         super().__init__(temperature, weight_infonce, gather_across_devices, mini_batch_size, max_skipped_steps,
                          similarity, matryoshka_dims, matryoshka_weights)
-        if not teacher_temperature > 0:
-            raise ConfigError(f"loss.teacher_temperature must be > 0, got {teacher_temperature}")
         self.teacher_temperature = float(teacher_temperature)
 
     def distill(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:

@@ -31,8 +31,6 @@ class ListwiseLoss(nn.Module):
 
     def __init__(self, temperature: float = 1.0, max_skipped_steps: int = 10) -> None:
         super().__init__()
-        if not temperature > 0:
-            raise ConfigError(f"loss.temperature={temperature}: expected a value > 0")
         self.temperature = float(temperature)
         self.max_skipped_steps = max_skipped_steps
 
@@ -56,8 +54,6 @@ class PointwiseBCELoss(nn.Module):
 
     def __init__(self, pos_weight: float | None = None, max_skipped_steps: int = 10) -> None:
         super().__init__()
-        if pos_weight is not None and not pos_weight > 0:
-            raise ConfigError(f"loss.pos_weight={pos_weight}: expected a value > 0, or null")
         self.pos_weight = None if pos_weight is None else float(pos_weight)
         self.max_skipped_steps = max_skipped_steps
 

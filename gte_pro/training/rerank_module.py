@@ -79,7 +79,8 @@ class RerankModule(TrainingModule):
                              "eval.retriever=<embedder path or hub name> (or eval.retriever=rows)")
         device = self.trainer.strategy.root_device
         options = {"max_length": self.retriever_max_length} if self.retriever_max_length else {}
-        retriever = Encoder(self.retriever, **options).to(device)
+        # one padded pass: each rank's candidates must not depend on which rows share a batch there
+        retriever = Encoder(self.retriever, length_chunks=1, **options).to(device)
         rank, world_size = self.trainer.global_rank, self.trainer.world_size
         found = []
         for name, retrieval in sets:

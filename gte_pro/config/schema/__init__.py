@@ -1,10 +1,14 @@
 """The types and defaults of the config groups whose keys are ours: data, model, loss, eval, mine, score.
 
-Each dataclass is a schema in Hydra's ConfigStore (``schema/<group>/<option>``) that the option's YAML file extends
+Each schema is the one place that states a key's type, default, meaning and rule (``setting`` in ``types``: the
+dataclass field's metadata holds the one-line meaning and the ``gte_pro.config.rules.Rule``). Each dataclass is a
+schema in Hydra's ConfigStore (``schema/<group>/<option>``) that the option's YAML file extends
 (``defaults: [/schema/data/jsonl@_here_, _self_]``), so Hydra itself refuses ``data.batch_size=abc`` or
-``loss.temperature=[1]`` while it composes, naming the key, and an option's YAML holds only its target and what it
-changes. ``gte_pro.config.checks`` keeps what a type cannot say: ranges (``batch_size >= 2``), choices with their
-valid values listed, and the rules across keys.
+``loss.temperature=[1]`` while it composes, naming the key, and an option's YAML holds only what it changes.
+``gte_pro.config.checks`` applies each field's rule (ranges such as ``batch_size >= 2``, choices with their valid
+values listed) and the rules across keys; docs/configuration.md's option tables are generated from the same fields
+(``gte_pro.config.tables``). The top level and the trainer are no Hydra schemas (``run``: ``RunSchema``,
+``TrainerSchema``), but state their keys the same way.
 
 Typed ``Any`` on purpose:
 - booleans: OmegaConf reads ``yes``, ``on`` and ``1`` as true, and a string must never switch
@@ -30,6 +34,7 @@ from gte_pro.config.schema.loss import (
 )
 from gte_pro.config.schema.mining import MineSchema
 from gte_pro.config.schema.model import CrossEncoderSchema, EncoderSchema
+from gte_pro.config.schema.run import RunSchema, TrainerSchema
 from gte_pro.config.schema.score import ScoreSchema
 
 SCHEMAS: dict[str, dict[str, type]] = {
@@ -41,6 +46,20 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "mine": {"default": MineSchema},
     "score": {"default": ScoreSchema},
 }
+
+
+# the groups with one schema whatever the option (no _target_ picks it); "" is the top level
+FIXED_SCHEMAS: dict[str, type] = {"": RunSchema, "trainer": TrainerSchema, "eval": EvalSchema, "mine": MineSchema,
+                                  "score": ScoreSchema}
+
+
+def schema_for(group: str, target: object) -> type | None:
+    """The schema of ``group`` whose ``_target_`` is ``target`` (the fixed one for eval, mine, score, trainer and the
+    top level); None for a class of the user's own."""
+    if group in FIXED_SCHEMAS:
+        return FIXED_SCHEMAS[group]
+    return next((schema for schema in SCHEMAS.get(group, {}).values()
+                 if schema.__dataclass_fields__["_target_"].default == target), None)
 
 
 def register_schemas() -> None:

@@ -3,26 +3,28 @@
 from dataclasses import dataclass
 from typing import Any
 
+from gte_pro.config.rules import FLAG as IS_FLAG
+from gte_pro.config.rules import choice, integer, text
+from gte_pro.config.schema.mining import TEACHER_KINDS
+from gte_pro.config.schema.types import setting
+
 
 @dataclass
 class ScoreSchema:
     """Teacher scores: ``mode=score`` (conf/score/default.yaml says what it writes)."""
 
-    # the teacher (required with mode=score): a cross-encoder folder or hub name (gte-pro's rerank exports,
-    # sentence-transformers CrossEncoder folders, BAAI/bge-reranker-*), or any embedder (cosine of the embeddings)
-    teacher: str | None = None
-    # null: a local folder says which by its config.json (*ForSequenceClassification: cross-encoder), a hub name is
-    # read as a cross-encoder; cross-encoder or embedder to say it
-    teacher_kind: str | None = None
-    # the teacher's own code from the hub (like model.trust_remote_code): only for a teacher you trust
-    trust_remote_code: Any = False
-    # the JSON-lines training file to score; null: data.train_file (data=jsonl)
-    input: str | None = None
-    # the scored file (the input's rows, each with pos_scores and neg_scores); null: <run dir>/scored.jsonl
-    output: str | None = None
-    # pairs per teacher batch, and the teacher's truncation of a pair (tokens)
-    batch_size: int = 64
-    max_length: int = 512
-    # rows per shard: the unit of work spread over the ranks and of resuming (a killed run loses at most the
-    # shards in progress); scores do not depend on it, but a run folder's shards are resumed with the same value
-    shard_rows: int = 1024
+    teacher: str | None = setting(None, "the teacher (required with mode=score): a cross-encoder folder or hub name "
+                                  "(rerank exports, CrossEncoder folders, BAAI/bge-reranker-*), or any embedder",
+                                  text(optional=True))
+    teacher_kind: str | None = setting(None, "cross-encoder or embedder; null: a local folder's config.json says, a "
+                                       "hub name is read as a cross-encoder", choice(*TEACHER_KINDS, None))
+    trust_remote_code: Any = setting(False, "the teacher's own code from the hub: only for a teacher you trust",
+                                     IS_FLAG)
+    input: str | None = setting(None, "the JSON-lines training file to score; null: data.train_file (data=jsonl)",
+                                text(optional=True))
+    output: str | None = setting(None, "the scored file (each row with pos_scores and neg_scores); null: <run "
+                                 "dir>/scored.jsonl", text(optional=True))
+    batch_size: int = setting(64, "pairs per teacher batch", integer(1))
+    max_length: int = setting(512, "the teacher's truncation of a pair (tokens)", integer(1))
+    shard_rows: int = setting(1024, "rows per shard: the unit of work spread over the ranks and of resuming; a run "
+                              "folder's shards are resumed with the same value", integer(1))

@@ -1,0 +1,100 @@
+"""One source per key: the schemas (gte_pro/config/schema/) against the code they configure and the YAML files.
+
+Each schema field is a parameter of its group's ``_target_`` (and each parameter a field), every default a
+constructor keeps for direct use equals the schema's, conf/train.yaml and conf/trainer/default.yaml hold the
+defaults that RunSchema and TrainerSchema state, and docs/configuration.md's tables are the ones the schemas make.
+These read signatures and files: no model is built.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import MISSING, fields
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra.utils import get_object
+
+from gte_pro.config.checks import schema_fields
+from gte_pro.config.schema import SCHEMAS
+from gte_pro.config.schema.run import RunSchema, TrainerSchema
+
+ROOT = Path(__file__).resolve().parents[1]
+# what gte_pro.modes.build hands a data module besides its config keys (the tokenizer is the model's, the prompts
+# model.query_prefix/doc_prefix, the seed the top-level one)
+HANDED_OVER = {"data": {"tokenizer", "seed", "query_prefix", "doc_prefix"}}
+TARGETED = [(group, option, schema) for group in ("data", "model", "loss")
+            for option, schema in SCHEMAS[group].items()]
+
+
+def _parameters(target: str) -> dict[str, inspect.Parameter]:
+    """The keyword parameters of ``target``'s constructor, following ``**kwargs`` up its bases."""
+    found: dict[str, inspect.Parameter] = {}
+    for klass in inspect.getmro(get_object(target)):
+        if "__init__" not in vars(klass) or klass is object:
+            continue
+        params = list(inspect.signature(klass.__init__).parameters.values())
+        for param in params:
+            if param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY) and param.name != "self":
+                found.setdefault(param.name, param)
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            break
+    return found
+
+
+def _arguments(schema: type) -> dict[str, object]:
+    """name -> default of the schema's top-level fields its target takes."""
+    out = {}
+    for item in fields(schema):
+        if item.name == "_target_" or not item.metadata.get("argument", True):
+            continue
+        default = item.default if item.default is not MISSING else item.default_factory()
+        out[item.name] = default
+    return out
+
+
+@pytest.mark.parametrize(("group", "option", "schema"), TARGETED, ids=[f"{g}/{o}" for g, o, _ in TARGETED])
+def test_schema_fields_are_the_targets_parameters(group, option, schema):
+    target = schema.__dataclass_fields__["_target_"].default
+    written = yaml.safe_load((ROOT / "conf" / group / f"{option}.yaml").read_text())
+    assert written.get("_target_", target) == target, f"conf/{group}/{option}.yaml names another _target_"
+    params = {k: v for k, v in _parameters(target).items() if k not in HANDED_OVER.get(group, ())}
+    assert set(_arguments(schema)) == set(params), (
+        f"{schema.__name__} vs {target}: only in the schema {sorted(set(_arguments(schema)) - set(params))}, "
+        f"only in the code {sorted(set(params) - set(_arguments(schema)))}")
+
+
+@pytest.mark.parametrize(("group", "option", "schema"), TARGETED, ids=[f"{g}/{o}" for g, o, _ in TARGETED])
+def test_a_constructor_default_is_the_schemas(group, option, schema):
+    """A default the code keeps (for use without a config) must be the schema's, or the two runs differ."""
+    target = schema.__dataclass_fields__["_target_"].default
+    params = _parameters(target)
+    for name, default in _arguments(schema).items():
+        param = params[name]
+        if param.default is inspect.Parameter.empty or isinstance(default, str) and default.startswith(("${", "???")):
+            continue
+        expected = default if not hasattr(default, "__dataclass_fields__") else None
+        if isinstance(param.default, tuple):
+            expected = tuple(expected)
+        if expected is None and param.default is None:
+            continue
+        assert param.default == expected or (param.default is None and default in ([], None)), (
+            f"{target}({name}=...) defaults to {param.default!r}; {schema.__name__}.{name} is {default!r}")
+
+
+def test_every_setting_has_a_meaning_and_known_rule_kind():
+    every = [*[s for options in SCHEMAS.values() for s in options.values()], RunSchema, TrainerSchema]
+    for schema in every:
+        for key, item in schema_fields(schema):
+            assert item.metadata.get("doc"), f"{schema.__name__}.{key} has no one-line meaning"
+
+
+@pytest.mark.parametrize(("path", "schema"), [("train.yaml", RunSchema), ("trainer/default.yaml", TrainerSchema)])
+def test_yaml_values_are_the_schemas_defaults(path, schema):
+    written = yaml.safe_load((ROOT / "conf" / path).read_text())
+    if schema is RunSchema:  # `task` is set by the default option of the task/ group
+        written.update(yaml.safe_load((ROOT / "conf" / "task" / "embed.yaml").read_text()))
+    for key, item in schema_fields(schema):
+        assert key in written, f"conf/{path} lacks {key}, which {schema.__name__} states"
+        assert written[key] == item.default, f"conf/{path}: {key}={written[key]!r}, {schema.__name__}: {item.default!r}"
