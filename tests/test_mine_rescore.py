@@ -211,7 +211,8 @@ def test_mode_mine_with_a_teacher_drops_what_it_puts_above_the_positive_and_writ
 @pytest.mark.parametrize(("overrides", "message"), [
     (["mode=mine", "mine.rescore_kind=bogus"], "mine.rescore_kind='bogus': valid choices: null, cross-encoder, "
                                                "embedder"),
-    (["mode=mine", "mine.rescore_with=t", "mine.rescore_batch_size=0"], "mine.rescore_batch_size=0: expected an integer >= 1"),
+    (["mode=mine", "mine.rescore_with=t", "mine.rescore_batch_size=0"],
+     "mine.rescore_batch_size=0: expected an integer >= 1"),
     (["mine.rescore_with=teacher", "data.remine.every_n_epochs=1"], "mine.rescore_with='teacher': not supported with "
                                                                     "data.remine"),
 ])
