@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install train test test-slow test-all lint docs clean bench reliability fetch-mpnet gpu-wheels
+.PHONY: install train test test-slow test-all lint docs sync-docs clean bench reliability fetch-mpnet gpu-wheels
 
 # torch first and alone: the pinned CPU wheel; an open range would pull a multi-GB CUDA build
 $(VENV)/.installed: pyproject.toml
@@ -33,6 +33,10 @@ lint: install
 # the documentation site (mkdocs.yml, docs/): --strict turns broken links and anchors into errors
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+# copy README.md's shared blocks (<!-- shared: NAME -->) into docs/index.md; tests/test_docs_sync.py checks them
+sync-docs:
+	$(PYTHON) scripts/sync_docs.py
 
 # Benchmarks: `make bench-NAME ARGS="..."` runs benchmarks/bench_NAME.py (dashes in NAME as underscores) with ARGS,
 # `make bench` is `make bench-train`. Each prints the machine and a markdown table (--json FILE keeps every raw result,

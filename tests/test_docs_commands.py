@@ -86,7 +86,9 @@ def raw_commands(path: Path) -> list[tuple[int, str]]:
         code = " ".join(span.group(1).split())
         if "python train.py" in code or code.startswith(STARTS):
             found.append((_line_of(prose, span.start()), code))
-    return found
+    # a torchrun line of another project (docs/migration.md quotes FlagEmbedding's) is not one of ours
+    return [(number, command) for number, command in found
+            if not command.startswith("torchrun ") or "train.py" in command]
 
 
 def substitute(command: str) -> str:
