@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install train test test-slow test-all lint docs sync-docs clean bench reliability fetch-mpnet gpu-wheels
+.PHONY: install train test test-slow test-all lint docs sync-docs config-tables clean bench reliability fetch-mpnet gpu-wheels
 
 # torch first and alone: the pinned CPU wheel; an open range would pull a multi-GB CUDA build
 $(VENV)/.installed: pyproject.toml
@@ -37,6 +37,10 @@ docs: install
 # copy README.md's shared blocks (<!-- shared: NAME -->) into docs/index.md; tests/test_docs_sync.py checks them
 sync-docs:
 	$(PYTHON) scripts/sync_docs.py
+
+# docs/configuration.md's option tables, made from gte_pro/config/schema/ (a test fails when they drift)
+config-tables: install
+	$(PY) -m gte_pro.config.tables
 
 # Benchmarks: `make bench-NAME ARGS="..."` runs benchmarks/bench_NAME.py (dashes in NAME as underscores) with ARGS,
 # `make bench` is `make bench-train`. Each prints the machine and a markdown table (--json FILE keeps every raw result,

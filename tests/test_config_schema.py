@@ -98,3 +98,9 @@ def test_yaml_values_are_the_schemas_defaults(path, schema):
     for key, item in schema_fields(schema):
         assert key in written, f"conf/{path} lacks {key}, which {schema.__name__} states"
         assert written[key] == item.default, f"conf/{path}: {key}={written[key]!r}, {schema.__name__}: {item.default!r}"
+
+
+def test_the_manuals_option_tables_are_the_schemas():
+    from gte_pro.config.tables import main
+
+    assert main(["--check"]) == 0, "docs/configuration.md drifted from the schemas: python -m gte_pro.config.tables"
