@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import MISSING, Field, fields
+from dataclasses import MISSING, Field
 from pathlib import Path
 from typing import Any
 
