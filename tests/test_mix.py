@@ -269,7 +269,8 @@ JSONL = {"type": "jsonl", "train_file": "a.jsonl"}
     ({"alpha": -0.5}, r"data\.alpha=-0\.5: expected a number >= 0"),
     ({"alpha": True}, r"data\.alpha=True: expected a number >= 0"),
     ({"same_source_batches": "yes"}, r"data\.same_source_batches='yes': valid choices: true, false"),
-    ({"same_source_batches": False, "sources": {"qa": JSONL, "code": {**JSONL, "num_negatives": 2}}},
+    ({"same_source_batches": False, "sources": {"qa": {**JSONL, "num_negatives": 0},
+                                                "code": {**JSONL, "num_negatives": 2}}},
      r"num_negatives differ \(qa: 0, code: 2\) but with data\.same_source_batches=false"),
 ])
 def test_bad_mix_settings_name_the_key_and_what_is_valid(options: dict, message: str):

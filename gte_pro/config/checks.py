@@ -19,6 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from gte_pro.config.cross_keys import (
+    distill_problems,
+    hydra_launcher_problems,
     lr_problems,
     mix_problems,
     remine_problems,
@@ -82,7 +84,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "loss.teacher_temperature": number(0, open_low=True),
     "data.batch_size": integer(2),
     "data.eval_batch_size": integer(1),
-    "data.num_negatives": integer(0),
+    "data.num_negatives": integer(0, optional=True),
     "data.max_length": integer(1),
     "data.num_workers": integer(0),
     "data.val_fraction": number(0, 1, open_high=True),
@@ -226,7 +228,7 @@ def config_problems(cfg: DictConfig) -> list[str]:
     problems = _absent_groups(cfg) + list(unusable.values()) + mix_problems(cfg) + remine_problems(cfg)
     if "optimizer.lr" not in unusable and "model.lr" not in unusable:
         problems += lr_problems(cfg)
-    problems += topology_problems(cfg) + task_problems(cfg)
+    problems += topology_problems(cfg) + task_problems(cfg) + distill_problems(cfg) + hydra_launcher_problems()
     for key, rule in {**RULES, **_source_rules(cfg)}.items():
         if key in unusable:
             continue

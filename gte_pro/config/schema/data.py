@@ -13,8 +13,8 @@ class Remine:
     """Re-mining during training: at the start of every ``every_n_epochs``-th epoch (0: off; and of the first epoch
     with ``at_start``) the training queries and corpus (every row's positives) are embedded with the current weights
     and each row's hard negatives are mined afresh with the ``mine.*`` options (rank window, margins, sampling);
-    needs ``data.num_negatives > 0``. The pools are kept in ``<run dir>/negatives/``; the log and metrics.json say
-    what each re-mine cost against its epoch."""
+    needs ``data.num_negatives != 0`` (null: mine.num_negatives or more). The pools are kept in
+    ``<run dir>/negatives/``; the log and metrics.json say what each re-mine cost against its epoch."""
 
     every_n_epochs: int = 0
     at_start: FLAG = False
@@ -37,8 +37,9 @@ class DataCommon:
     # batching: dynamic padding (each batch padded to its longest text), truncation at max_length
     batch_size: int = 32
     eval_batch_size: int = 128
-    # hard negatives per query; rows with fewer get other rows' positives (random negatives)
-    num_negatives: int = 0
+    # hard negatives per query (null: as many as the rows carry, the most of any row); rows with fewer get other
+    # rows' positives (random negatives). 0: in-batch negatives only
+    num_negatives: int | None = None
     max_length: int = 256
     num_workers: int = 0
     pin_memory: FLAG = False
