@@ -60,6 +60,17 @@ if not OmegaConf.has_resolver("tiny_bpe_tokenizer"):
     OmegaConf.register_new_resolver("tiny_bpe_tokenizer", _tiny_bpe_tokenizer)
 
 
+def _run_name(task_name: str) -> str:
+    from gte_pro.launch.environment import hydra_run_name
+
+    return hydra_run_name(task_name)
+
+
+# ${run_name:${task_name}} in conf/logger/wandb.yaml: the task, the sweep job's number and the overrides
+if not OmegaConf.has_resolver("run_name"):
+    OmegaConf.register_new_resolver("run_name", _run_name)
+
+
 def _run_stamp() -> str:
     from gte_pro.launch.environment import run_stamp
 

@@ -133,3 +133,38 @@ def test_the_config_and_the_tiny_tokenizer_follow_the_cache(monkeypatch: pytest.
     GlobalHydra.instance().clear()
     # before: the tiny tokenizer went to $GTE_PRO_CACHE whatever paths.cache_dir said
     assert Path(cfg.model.name_or_path).is_relative_to(tmp_path / "set")
+
+
+# --- trackers: named runs, and the CSV curves beside them ------------------------------------------------------------
+@pytest.mark.parametrize("logger,names", [("wandb", ["csv", "wandb"]), ("tensorboard", ["csv", "tensorboard"]),
+                                          ("many", ["csv", "tensorboard", "wandb"])])
+def test_the_csv_logger_stays_on_beside_a_tracker(make_cfg, logger: str, names: list[str]):
+    assert list(make_cfg([f"logger={logger}"]).logger) == names  # before: logger=wandb had no csv, no curves.png
+
+
+def test_sweep_jobs_get_wandb_names_of_their_own(tmp_path: Path):
+    GlobalHydra.instance().clear()
+    names = []
+    for num, lr in enumerate(["1e-5", "2e-5"]):
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = compose("train", overrides=["logger=wandb", f"model.lr={lr}", "hparams_search=lr_sweep"],
+                          return_hydra_config=True)
+        GlobalHydra.instance().clear()
+        with open_dict(cfg):
+            cfg.hydra.mode, cfg.hydra.job.num = RunMode.MULTIRUN, num
+        HydraConfig.instance().set_config(cfg)
+        try:
+            names.append(cfg.logger.wandb.name)
+        finally:
+            HydraConfig.instance().cfg = None
+    # before: both were "train" (the task name), in every sweep
+    assert names == ["train-0 model.lr=1e-5 hparams_search=lr_sweep", "train-1 model.lr=2e-5 hparams_search=lr_sweep"]
+    assert compose_name_without_hydra() == "train"
+
+
+def compose_name_without_hydra() -> str:
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        name = compose("train", overrides=["logger=wandb"]).logger.wandb.name
+    GlobalHydra.instance().clear()
+    return name

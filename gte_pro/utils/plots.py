@@ -4,8 +4,8 @@
 - a sweep: ``<sweep>/report.md`` with ``metric_vs_<key>.png`` for each swept key (the optimised metric against its
   values) and ``curves.png`` (every job's train loss and validation metric overlaid), the best job marked.
 
-A run without the CSV logger (``logger=none``/``tensorboard``) has no curves; the sweep plots of the metric
-against the swept keys still come from each job's ``metrics.json``.
+A run without the CSV logger (``logger=none``; wandb and tensorboard keep it on beside them) has no curves; the
+sweep plots of the metric against the swept keys still come from each job's ``metrics.json``.
 """
 
 from __future__ import annotations
