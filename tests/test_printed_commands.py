@@ -116,3 +116,21 @@ def test_the_commands_a_reranker_prints_run(make_cfg, rows_file: Path, tmp_path:
     assert_trained(run_printed(make_cfg, after_mine, tmp_path / "distil_mined", *DEBUG))
     distil = distil.replace("<that run>", str(tmp_path / "score"))
     assert_trained(run_printed(make_cfg, distil, tmp_path / "distil_scored", *DEBUG))
+
+
+def test_the_command_a_sweep_report_prints_trains(make_cfg, rows_file: Path, tmp_path: Path):
+    from gte_pro.launch.sweep import summarize_sweep
+    from gte_pro.utils.plots import plot_sweep
+
+    sweep = tmp_path / "sweep"  # two finished jobs as Hydra leaves them: overrides.yaml and metrics.json
+    for job, (lr, ndcg) in enumerate([("1e-3", 0.4), ("2e-3", 0.6)]):
+        (sweep / str(job) / ".hydra").mkdir(parents=True)
+        (sweep / str(job) / ".hydra" / "overrides.yaml").write_text(
+            f"- model.lr={lr}\n- hydra/launcher=local\n- hparams_search=lr_sweep\n- data=jsonl\n"
+            f"- data.train_file={rows_file}\n")
+        (sweep / str(job) / "metrics.json").write_text(json.dumps({"val": {"val/ndcg@10": ndcg}}))
+    report = plot_sweep(sweep, summarize_sweep(sweep), "val/ndcg@10").read_text()
+    [command] = [line.split("`")[1] for line in report.splitlines() if line.startswith("Train it alone: ")]
+    # the job's own overrides, without those of the sweep (a launcher, the preset that makes it a sweep)
+    assert command == f"python train.py model.lr=2e-3 data=jsonl data.train_file={rows_file}"
+    assert_trained(run_printed(make_cfg, command, tmp_path / "best", *DEBUG))
