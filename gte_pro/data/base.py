@@ -13,13 +13,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.cache import TokenizedCache, cache_key, tokenizer_fingerprint, write_tokenized
-from gte_pro.data.datasets import ExampleView, TokenizedPairs
+from gte_pro.data.datasets import ExampleView, TokenizedPairs, negatives_per_row
 from gte_pro.data.records import CleaningReport, Example, iter_clean_examples
 from gte_pro.data.sampling import EpochSampler, ResumableLoader
 from gte_pro.data.split import is_held_out
@@ -30,20 +29,6 @@ from gte_pro.utils.cache import cache_root
 from gte_pro.utils.files import published_folder, write_error
 
 log = logging.getLogger(__name__)
-
-
-def negatives_per_row(setting: int | None, counts: np.ndarray) -> int:
-    """The hard negatives every training row is given: ``setting``, or with None (data.num_negatives=null) the
-    most any row carries, so that a file's own negatives are all used (sentence-transformers uses every negative
-    column it gets). Logs how many rows carry fewer (they get other rows' positives: random negatives)."""
-    wanted = int(counts.max(initial=0)) if setting is None else setting
-    short = int((counts < wanted).sum())
-    source = "data.num_negatives=null: the most any row carries" if setting is None else "data.num_negatives"
-    log.info("data: %d hard negative(s) per row (%s); the rows carry %d to %d (mean %.1f); %d of %d row(s) have "
-             "fewer and are filled with other rows' positives (random negatives)", wanted, source,
-             int(counts.min(initial=0)), int(counts.max(initial=0)), float(counts.mean()) if len(counts) else 0.0,
-             short, len(counts))
-    return wanted
 
 
 class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
