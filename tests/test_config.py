@@ -180,7 +180,9 @@ def test_callback_options(make_cfg, option):
 def test_logger_options(make_cfg, option):
     loggers = instantiate_dict(make_cfg([f"logger={option}"]).logger)
     names = {type(lg).__name__ for lg in loggers}
-    expected = {"csv": {"CSVLogger"}, "tensorboard": {"TensorBoardLogger"}, "wandb": {"WandbLogger"},
+    # a tracker keeps the CSV logger beside it: curves.png is drawn from its metrics.csv
+    expected = {"csv": {"CSVLogger"}, "tensorboard": {"CSVLogger", "TensorBoardLogger"},
+                "wandb": {"CSVLogger", "WandbLogger"},
                 "many": {"CSVLogger", "TensorBoardLogger", "WandbLogger"}, "none": set()}[option]
     assert names == expected
 

@@ -23,9 +23,11 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException
+from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict
 
 from gte_pro.config.checks import config_problems
+from gte_pro.config.cross_keys import launcher_problems
 from tests.conftest import CONF, REPO
 
 DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -151,15 +153,17 @@ def jobs(cmd: Command) -> list[list[str]]:
     return runs
 
 
-def compose_job(overrides: list[str], tmp_path: Path) -> DictConfig:
+def compose_job(overrides: list[str], tmp_path: Path) -> tuple[DictConfig, dict]:
     """Compose as `python train.py <overrides>` does (the hydra node too: launchers, sweepers, run dir), then drop
-    the hydra node and point the output at tmp_path, as the suite's make_cfg does."""
+    the hydra node and point the output at tmp_path, as the suite's make_cfg does; (config, Hydra's choices)."""
     cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    choices = dict(cfg.hydra.runtime.choices)
+    multirun = cfg.hydra.mode == RunMode.MULTIRUN  # a preset's `hydra.mode: MULTIRUN` is -m without -m
     with open_dict(cfg):
         del cfg["hydra"]
         cfg.paths.output_dir = str(tmp_path / "run")
         cfg.paths.cache_dir = str(tmp_path / "cache")
-    return cfg
+    return cfg, {**choices, "multirun": multirun}
 
 
 def check(cmd: Command, tmp_path: Path, done: set | None = None) -> int:
@@ -171,8 +175,9 @@ def check(cmd: Command, tmp_path: Path, done: set | None = None) -> int:
             if (key := (tuple(overrides), cmd.elided)) in done:
                 continue
             done.add(key)
-        cfg = compose_job(overrides, tmp_path)
-        problems = config_problems(cfg)
+        cfg, choices = compose_job(overrides, tmp_path)
+        # what train.py checks from Hydra's runtime, which composing has not: a launcher without -m
+        problems = config_problems(cfg) + launcher_problems(choices, cmd.multirun or choices["multirun"])
         if cmd.elided:
             problems = [p for p in problems if "is required" not in p]
         assert not problems, f"{cmd.source}: `{cmd.text}`: " + "; ".join(problems)
@@ -235,6 +240,8 @@ def test_the_parser_reads_flags_make_and_placeholders():
     "python train.py -m hydra/launcher=slurmm",  # a launcher that does not exist
     "python train.py data.batch_size=abc",  # a wrong value, caught by the run's own config check
     "python train.py -m model.lr=1e-5,2e-5 loss.temprature=0.05,0.02",  # a typo in a sweep
+    "python train.py hydra/launcher=slurm model.lr=1e-5",  # a launcher without -m: would run on this machine
+    "python train.py loss=distill_kl",  # distillation from the demo data, which has no teacher scores
 ])
 def test_a_broken_line_fails(hydra_conf, tmp_path: Path, line: str):
     with pytest.raises((ConfigCompositionException, AssertionError)):

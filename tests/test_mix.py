@@ -266,7 +266,8 @@ JSONL = {"type": "jsonl", "train_file": "a.jsonl"}
     ({"weights": {"qa": 1, "code": "x"}}, r"data\.weights\.code='x': expected a number >= 0"),
     ({"weights": {"qa": 0, "code": 0.0}}, r"data\.weights: all zero"),
     ({"weights": 3}, r"data\.weights=3: expected name -> weight for the sources qa, code"),
-    ({"same_source_batches": False, "sources": {"qa": JSONL, "code": {**JSONL, "num_negatives": 2}}},
+    ({"same_source_batches": False, "sources": {"qa": {**JSONL, "num_negatives": 0},
+                                                "code": {**JSONL, "num_negatives": 2}}},
      r"num_negatives differ \(qa: 0, code: 2\) but with data\.same_source_batches=false"),
 ])
 def test_bad_mix_settings_name_the_key_and_what_is_valid(options: dict, message: str):

@@ -128,4 +128,4 @@ def test_a_run_re_mines_every_epoch_and_a_resumed_one_continues_with_the_same_po
 
 def test_remining_without_negatives_to_draw_is_an_error(make_cfg, tmp_path: Path):
     with pytest.raises(ValueError, match=r"data\.remine needs hard negatives.*data\.num_negatives > 0"):
-        train(make_cfg([*RUN, "data.remine.every_n_epochs=1"]))
+        train(make_cfg([*RUN, "data.num_negatives=0", "data.remine.every_n_epochs=1"]))

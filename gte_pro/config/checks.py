@@ -20,6 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from gte_pro.config.cross_keys import (
+    distill_problems,
+    hydra_launcher_problems,
     lr_problems,
     matryoshka_problems,
     mine_window_problems,
@@ -137,6 +139,7 @@ def config_problems(cfg: DictConfig) -> list[str]:
     if "optimizer.lr" not in unusable and "model.lr" not in unusable:
         problems += lr_problems(cfg)
     problems += topology_problems(cfg) + task_problems(cfg) + matryoshka_problems(cfg) + mine_window_problems(cfg)
+    problems += distill_problems(cfg) + hydra_launcher_problems()
     for key, rule in key_rules(cfg).items():
         if key in unusable:
             continue

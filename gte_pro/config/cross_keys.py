@@ -4,6 +4,10 @@ count). ``gte_pro.config.checks.config_problems`` runs each; every problem is on
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
 from omegaconf import DictConfig, OmegaConf
 
 
@@ -113,3 +117,75 @@ def mine_window_problems(cfg: DictConfig) -> list[str]:
         return [f"mine.num_negatives={wanted}: more than the window holds (mine.range_max - mine.range_min = "
                 f"{high - low})"]
     return []
+
+
+DISTILL_LOSSES = {"gte_pro.training.losses_distill.DistillKLLoss": "distill_kl",
+                  "gte_pro.training.losses_distill.MarginMSELoss": "margin_mse"}
+# data sources whose rows never carry teacher scores
+UNSCORED_SOURCES = {"gte_pro.data.demo.DemoDataModule": "demo", "gte_pro.data.beir.BeirDataModule": "beir"}
+JSONL_SOURCE = "gte_pro.data.jsonl.JsonlDataModule"
+SCORE_FIRST = ("score a JSON-lines file first (python train.py mode=score data=jsonl data.train_file=train.jsonl "
+               "score.teacher=<reranker>) and train on its scored.jsonl with data=jsonl data.train_file=...")
+
+
+def distill_problems(cfg: DictConfig) -> list[str]:
+    """A distillation loss learns the teacher's scores over each row's positive and hard negatives: without
+    either it would only fail at the first training step. The rows' scores are looked for in the first row of a
+    JSON-lines file (cheap); the data module checks the whole file once read (``ContrastiveDataModule.setup``)."""
+    loss = DISTILL_LOSSES.get(str(OmegaConf.select(cfg, "loss._target_", default="", throw_on_missing=False)))
+    if loss is None:
+        return []
+    problems = []
+    negatives = OmegaConf.select(cfg, "data.num_negatives", default=None, throw_on_missing=False)
+    if negatives == 0:
+        problems.append(f"data.num_negatives=0: loss={loss} distils the teacher's scores of each row's hard "
+                        "negatives; set data.num_negatives=null (all of the file's own) or >= 1")
+    source = str(OmegaConf.select(cfg, "data._target_", default="", throw_on_missing=False))
+    if source in UNSCORED_SOURCES:
+        problems.append(f"data={UNSCORED_SOURCES[source]}: loss={loss} needs teacher scores (pos_scores, "
+                        f"neg_scores), which data={UNSCORED_SOURCES[source]} has none of: {SCORE_FIRST}; "
+                        "or choose loss=infonce")
+    train_file = OmegaConf.select(cfg, "data.train_file", default=None, throw_on_missing=False)
+    if source == JSONL_SOURCE and isinstance(train_file, str) and not first_row_scored(train_file):
+        problems.append(f"data.train_file={train_file}: loss={loss} needs teacher scores and the file's first row "
+                        f"has no pos_scores/neg_scores: {SCORE_FIRST}; or choose loss=infonce")
+    return problems
+
+
+def first_row_scored(path: str) -> bool:
+    """Whether the first row of the JSON-lines file ``path`` has teacher scores; True when there is no file to
+    read (a missing file is the data module's error, with its own message)."""
+    from gte_pro.data.records import iter_jsonl  # the data package only when a distillation run needs it
+    from gte_pro.data.scores import SCORE_FIELDS
+
+    file = Path(path).expanduser()
+    if not file.is_file():
+        return True
+    first = next(iter_jsonl(str(file)), (0, None))[1]
+    return not isinstance(first, dict) or any(name in first for name in SCORE_FIELDS)
+
+
+# launchers that start jobs through Hydra's sweep machinery: only `-m` (multirun) hands a job to them
+SUBMITTING_LAUNCHERS = ("slurm", "local")
+
+
+def launcher_problems(choices: Mapping[str, Any], multirun: bool) -> list[str]:
+    """``hydra/launcher=slurm`` without ``-m``: Hydra runs the job here, on this machine, and never submits it.
+    ``choices`` are Hydra's runtime choices (HydraConfig.get().runtime.choices) of a run started by train.py."""
+    launcher = choices.get("hydra/launcher")
+    if multirun or launcher not in SUBMITTING_LAUNCHERS:
+        return []
+    return [f"hydra/launcher={launcher}: a launcher only submits with -m (multirun); without it the job would run "
+            f"on this machine. Add -m: python train.py -m hydra/launcher={launcher} ..."]
+
+
+def hydra_launcher_problems() -> list[str]:
+    """``launcher_problems`` of the running Hydra job; [] for a config composed without Hydra's runtime (the
+    compose API of the tests, a notebook)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return []
+    hydra = HydraConfig.get()
+    return launcher_problems(hydra.runtime.choices, hydra.mode == RunMode.MULTIRUN)

@@ -7,7 +7,6 @@ import abc
 import atexit
 import json
 import logging
-import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
@@ -19,13 +18,14 @@ from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.cache import TokenizedCache, cache_key, tokenizer_fingerprint, write_tokenized
-from gte_pro.data.datasets import ExampleView, TokenizedPairs
+from gte_pro.data.datasets import ExampleView, TokenizedPairs, negatives_per_row
 from gte_pro.data.records import CleaningReport, Example, iter_clean_examples
 from gte_pro.data.sampling import EpochSampler, ResumableLoader
 from gte_pro.data.split import is_held_out
 from gte_pro.data.validation import ValidationSets
 from gte_pro.errors import DataError
 from gte_pro.retrieval import RetrievalSet
+from gte_pro.utils.cache import cache_root
 from gte_pro.utils.files import published_folder, write_error
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
         tokenizer: PreTrainedTokenizerBase | None = None,
         batch_size: int = 32,
         eval_batch_size: int = 128,
-        num_negatives: int = 0,
+        num_negatives: int | None = None,
         max_length: int = 256,
         num_workers: int = 0,
         pin_memory: bool = False,
@@ -66,7 +66,10 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size
-        self.num_negatives = num_negatives
+        # data.num_negatives as set (None: as many as the rows carry); num_negatives is what batches carry, known
+        # once setup has read the token cache
+        self.num_negatives_setting = num_negatives
+        self.num_negatives: int | None = num_negatives
         self.max_length = max_length
         self.num_workers = num_workers
         self.pin_memory = pin_memory
@@ -79,8 +82,8 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
         self.query_prefix = query_prefix
         self.doc_prefix = doc_prefix
         self.seed = seed
-        # where the token cache (and the demo corpus) live: conf/paths sets it; $GTE_PRO_CACHE for direct use
-        self.cache_dir = cache_dir or os.environ.get("GTE_PRO_CACHE") or "~/.cache/gte_pro"
+        # where the token cache (and the demo corpus) live: data.cache_dir (paths.cache_dir), else $GTE_PRO_CACHE
+        self.cache_dir = str(cache_root(cache_dir))
         self.group_by_length = group_by_length
         self.length_window = length_window
         self.token_cache: TokenizedCache | None = None
@@ -92,6 +95,8 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
         self._train_loader: ResumableLoader | None = None
         self._resume_position: dict[str, Any] | None = None  # from a checkpoint, for the next train_dataloader()
         self.negative_pool: Any = None  # re-mined negatives (gte_pro.mining.remine sets it), drawn from when set
+        # loss=distill_kl/margin_mse (gte_pro.modes.build sets its name): the rows need teacher scores and negatives
+        self.distill_loss: str | None = None
 
     # --- what subclasses provide -------------------------------------------------------------------------
     @abc.abstractmethod
@@ -218,9 +223,25 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
             log.info("%s", CleaningReport.from_dict(report).summary())
         val, distractors = cache.validation()
         self.token_cache = cache
+        self.num_negatives = negatives_per_row(self.num_negatives_setting, cache.negative_counts())
+        self._check_distillable(cache)
         self.retrieval = RetrievalSet.from_examples(val, distractors)
         log.info("data: %d training pairs (token cache %s); validation: %d queries over a corpus of %d documents",
                  len(cache), cache.folder, len(self.retrieval.queries), len(self.retrieval.corpus))
+
+    def _check_distillable(self, cache: TokenizedCache) -> None:
+        """A distillation loss learns the teacher's scores of each row's positive and negatives: rows without
+        either fail here, naming the source, before validation and training (else: at the first training step)."""
+        if self.distill_loss is None:
+            return
+        missing = [what for what, present in (("teacher scores (pos_scores, neg_scores)", cache.scored),
+                                              ("hard negatives", self.num_negatives)) if not present]
+        if missing:
+            source = getattr(self, "train_file", None) or getattr(self, "path", None) or type(self).__name__
+            raise DataError(f"{source}: loss={self.distill_loss} needs {' and '.join(missing)} in the training rows, "
+                            "and they have none: score the file first (python train.py mode=score data=jsonl "
+                            f"data.train_file={source} score.teacher=<reranker>) and train on its scored.jsonl, "
+                            "or choose loss=infonce")
 
     def _require_tokenizer(self) -> PreTrainedTokenizerBase:
         if self.tokenizer is None:

@@ -26,6 +26,7 @@ from typing import Any
 import datasets
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.records import Example
@@ -184,6 +185,11 @@ class TokenizedCache:
 
     def lengths(self) -> np.ndarray:
         return self.table.with_format("numpy")["length"]
+
+    def negative_counts(self) -> np.ndarray:
+        """Hard negatives each row carries (read from the list offsets: no token is touched)."""
+        column = self.table.data.column("negatives")
+        return np.asarray(pc.list_value_length(column).to_numpy(zero_copy_only=False), dtype=np.int64)
 
     def example(self, index: int) -> Example:
         texts = ["query_text", "positive_texts", "negative_texts"]

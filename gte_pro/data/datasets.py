@@ -3,6 +3,7 @@ cache's rows as Examples for inspection, and the texts of a retrieval set for ev
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 from collections.abc import Iterator, Sequence
@@ -17,8 +18,24 @@ from gte_pro.data.records import Example
 from gte_pro.errors import ConfigError
 from gte_pro.retrieval import RetrievalSet
 
+log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:  # the mining package builds on the data package, not the other way round
     from gte_pro.mining.pool import NegativePool
+
+
+def negatives_per_row(setting: int | None, counts: np.ndarray) -> int:
+    """The hard negatives every training row is given: ``setting``, or with None (data.num_negatives=null) the
+    most any row carries, so that a file's own negatives are all used (sentence-transformers uses every negative
+    column it gets). Logs how many rows carry fewer (they get other rows' positives: random negatives)."""
+    wanted = int(counts.max(initial=0)) if setting is None else setting
+    short = int((counts < wanted).sum())
+    source = "data.num_negatives=null: the most any row carries" if setting is None else "data.num_negatives"
+    log.info("data: %d hard negative(s) per row (%s); the rows carry %d to %d (mean %.1f); %d of %d row(s) have "
+             "fewer and are filled with other rows' positives (random negatives)", wanted, source,
+             int(counts.min(initial=0)), int(counts.max(initial=0)), float(counts.mean()) if len(counts) else 0.0,
+             short, len(counts))
+    return wanted
 
 
 class DrawnRow(NamedTuple):

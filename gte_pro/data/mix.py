@@ -100,12 +100,19 @@ def build_sources(sources: Any, shared: dict[str, Any], same_source_batches: boo
         cls, options = _source_options(str(name), spec)
         with _named(str(name)):
             modules[str(name)] = cls(**{**shared, **options})
-    negatives = {name: module.num_negatives for name, module in modules.items()}
-    if not same_source_batches and len(set(negatives.values())) > 1:
-        raise DataError(f"data.sources: num_negatives differ ({', '.join(f'{n}: {k}' for n, k in negatives.items())})"
-                        " but with data.same_source_batches=false every batch mixes sources: give them one "
-                        "data.num_negatives, or set data.same_source_batches=true")
+    check_same_negatives(modules, same_source_batches)
     return modules
+
+
+def check_same_negatives(modules: Mapping[str, ContrastiveDataModule], same_source_batches: bool) -> None:
+    """With same_source_batches=false a batch mixes sources: they need one number of negatives. Checked on the
+    settings when built, and again after setup, when num_negatives=null has become each file's own count."""
+    negatives = {name: module.num_negatives for name, module in modules.items()}
+    if same_source_batches or len({k for k in negatives.values() if k is not None}) < 2:
+        return
+    raise DataError(f"data.sources: num_negatives differ ({', '.join(f'{n}: {k}' for n, k in negatives.items())})"
+                    " but with data.same_source_batches=false every batch mixes sources: give them one "
+                    "data.num_negatives, or set data.same_source_batches=true")
 
 
 def check_weights(weights: Any, names: Sequence[str]) -> list[float] | None:
@@ -205,6 +212,7 @@ class MixDataModule(ContrastiveDataModule):
                 source.setup(stage)
         self.reports = [{**report, "mix_source": name} for name, source in self.sources.items()
                         for report in source.reports]
+        check_same_negatives(self.sources, self.same_source_batches)
         self.source_rows = {name: len(source.train_rows) for name, source in self.sources.items()}
         probabilities = source_probabilities(list(self.source_rows.values()), self.weights, self.alpha)
         self.probabilities = dict(zip(self.sources, map(float, probabilities), strict=True))

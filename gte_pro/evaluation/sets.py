@@ -18,6 +18,7 @@ from gte_pro.data.corpus_store import load_beir_stored
 from gte_pro.data.validation import ValidationSets
 from gte_pro.errors import ConfigError
 from gte_pro.retrieval import RetrievalSet
+from gte_pro.utils.cache import cache_root
 
 
 def _entry_spec(entry: Any, where: str) -> tuple[str, Any, Any]:
@@ -70,7 +71,7 @@ def load_eval_sets(cfg: Any, tokenizer: PreTrainedTokenizerBase, doc_prefix: str
     if not eval_cfg or not eval_cfg.get("beir"):
         return []
     length = int(eval_cfg.get("max_length") or max_length or tokenizer.model_max_length)
-    cache_dir = OmegaConf.select(cfg, "paths.cache_dir", default=None) or "~/.cache/gte_pro"
+    cache_dir = cache_root(OmegaConf.select(cfg, "paths.cache_dir", default=None))
     return [(name, load_beir_stored(path, split, name, tokenizer, length, doc_prefix, cache_dir))
             for path, split, name in eval_set_specs(eval_cfg.beir, eval_cfg.get("split", "test"))]
 

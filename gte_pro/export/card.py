@@ -30,7 +30,8 @@ def card_sections(cfg: DictConfig, summary: dict[str, Any]) -> dict[str, dict[st
     scheduler = cfg.get("scheduler")
     hyper = {
         "learning rate": summary.get("lr"), "batch size per device": data.batch_size,
-        "devices": summary.get("world_size"), "hard negatives per query": data.num_negatives,
+        "devices": summary.get("world_size"),
+        "hard negatives per query": summary.get("num_negatives", data.num_negatives),
         "max length": data.max_length, "epochs": cfg.trainer.max_epochs, "optimizer steps": summary.get("global_step"),
         "precision": cfg.trainer.precision, "optimizer": _short(cfg.optimizer.get("_target_")),
         "weight decay": cfg.optimizer.get("weight_decay"),

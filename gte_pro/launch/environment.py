@@ -38,6 +38,34 @@ def run_stamp() -> str:
     return "torchrun-" + re.sub(r"[^A-Za-z0-9._-]", "_", run_id)
 
 
+# overrides that do not tell runs apart (where they log, not what they train)
+UNNAMED_OVERRIDES = ("logger", "hydra", "paths", "callbacks")
+TRACKER_NAME_LIMIT = 128  # wandb shows about this much of a run's name
+
+
+def run_name(task_name: str, overrides: Sequence[str] = (), job_num: int | None = None) -> str:
+    """A tracker's name for a run: the task, the sweep job's number (sweep jobs share their task and may share
+    their overrides with an earlier sweep) and the overrides that set what it trains, e.g.
+    ``lr_sweep-3 model.lr=2e-5 seed=1``."""
+    kept = [o for o in overrides if o.lstrip("+~").split("=", 1)[0].split(".")[0].split("/")[0]
+            not in UNNAMED_OVERRIDES]
+    name = task_name if job_num is None else f"{task_name}-{job_num}"
+    return " ".join([name, *kept])[:TRACKER_NAME_LIMIT]
+
+
+def hydra_run_name(task_name: str) -> str:
+    """``run_name`` of the running Hydra job (its task overrides, its number in a sweep); ``task_name`` alone for a
+    config composed without Hydra's runtime (the tests, a notebook)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return task_name
+    hydra = HydraConfig.get()
+    job_num = hydra.job.num if hydra.mode == RunMode.MULTIRUN else None
+    return run_name(task_name, list(hydra.overrides.task), job_num)
+
+
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool | None:
     """Whether this CPU computes bf16 natively (avx512_bf16 or AMX flags in /proc/cpuinfo); None where it cannot
     tell (no /proc/cpuinfo). Without it torch emulates bf16 matmuls, about 10x slower than fp32."""

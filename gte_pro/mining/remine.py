@@ -73,8 +73,13 @@ class RemineNegatives(Callback):
         if stage != "fit":
             return
         datamodule = trainer.datamodule
+        if getattr(datamodule, "num_negatives_setting", 0) is None:
+            # data.num_negatives=null is "as many as the rows carry": a re-mined row carries mine.num_negatives
+            datamodule.num_negatives = max(datamodule.num_negatives or 0, self.options.num_negatives)
+            log.info("remine: %d hard negative(s) per row (data.num_negatives=null: the most of the file's rows and "
+                     "mine.num_negatives=%d)", datamodule.num_negatives, self.options.num_negatives)
         if not getattr(datamodule, "num_negatives", 0):
-            raise ConfigError("data.remine needs hard negatives to draw: set data.num_negatives > 0 "
+            raise ConfigError("data.remine needs hard negatives to draw: set data.num_negatives > 0 or null "
                              f"(now {getattr(datamodule, 'num_negatives', None)})")
         datamodule.negative_pool = self.pool
 

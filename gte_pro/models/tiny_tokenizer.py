@@ -9,9 +9,9 @@ hundred merges learnt from a paragraph are enough; the tokenizer is written once
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from gte_pro.utils.cache import cache_root
 from gte_pro.utils.files import published_folder
 
 EOS = "<|endoftext|>"
@@ -27,8 +27,7 @@ _TEXT = (
 
 def tiny_bpe_tokenizer(cache_dir: str | Path | None = None) -> str:
     """The folder of the tiny tokenizer (``EOS`` is its end-of-sequence and padding token), built if missing."""
-    root = Path(cache_dir or os.environ.get("GTE_PRO_CACHE") or "~/.cache/gte_pro").expanduser()
-    folder = root / "models" / f"tiny-bpe-{VOCAB_SIZE}"
+    folder = cache_root(cache_dir) / "models" / f"tiny-bpe-{VOCAB_SIZE}"
     if not (folder / "tokenizer.json").is_file():
         with published_folder(folder, marker="tokenizer.json") as tmp:
             _build(tmp)

@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
+from gte_pro.config.cross_keys import DISTILL_LOSSES
 from gte_pro.errors import ConfigError
 from gte_pro.launch.checkpoint_io import AtomicCheckpointIO
 from gte_pro.launch.environment import cpu_has_native_bf16, emulated_bf16_warning
@@ -82,6 +83,8 @@ def build_data_for(cfg: DictConfig, model: Encoder | CrossEncoder) -> Any:
     datamodule = build_datamodule(cfg, model.tokenizer, model.query_prefix, model.doc_prefix)
     if isinstance(model, CrossEncoder):
         datamodule.pair_join = model.pairs
+    if cfg.get("mode", "train") == "train":  # the loss trains on these rows (mode=eval only validates)
+        datamodule.distill_loss = DISTILL_LOSSES.get(str(OmegaConf.select(cfg, "loss._target_", default="")))
     return datamodule
 
 

@@ -270,6 +270,8 @@ def _summary(run: Run, before: dict[str, float] | None, after: dict[str, float],
         "parameters": _parameter_counts(run.module.encoder),
         "lr_find_suggestion": suggested_lr,
         "data": getattr(run.datamodule, "reports", []),
+        # what the batches carried (data.num_negatives=null: the most any row of the file carries)
+        "num_negatives": getattr(run.datamodule, "num_negatives", None),
         "remine": run.remine.costs if run.remine is not None else None,
         "memory": memory_record(run.memory),
     }

@@ -24,4 +24,5 @@ def after_reranker(cfg: DictConfig, model_dir: Path) -> str:
             f"or mine again with it dropping the candidates it judges relevant (writes the scores too):\n"
             f"  python train.py mode=mine data=jsonl data.train_file={rows} mine.rescore_with={model_dir} "
             "mine.relative_margin=null\n"
-            f"then: python train.py experiment=distill data.train_file=<that run>/scored.jsonl (or mined.jsonl)")
+            # a shell comment, not a trailing "(or ...)": the printed line runs as it is once <that run> is filled in
+            "then: python train.py experiment=distill data.train_file=<that run>/scored.jsonl  # or its mined.jsonl")

@@ -48,6 +48,7 @@ from gte_pro.mining.rescore import Rescored, rescore_window, window_options
 from gte_pro.models.encoder import Encoder
 from gte_pro.models.teacher import Teacher, load_teacher
 from gte_pro.modes.build import build_datamodule, build_encoder, build_trainer, start_run
+from gte_pro.utils.cache import cache_root
 from gte_pro.utils.timing import peak_rss_mb_per_rank
 
 log = logging.getLogger(__name__)
@@ -136,7 +137,7 @@ def mine(cfg: DictConfig) -> None:
     output = Path(cfg.mine.output).expanduser() if cfg.mine.get("output") else output_dir / "mined.jsonl"
     encoder = build_encoder(cfg)
     source = build_datamodule(cfg, encoder.tokenizer, encoder.query_prefix, encoder.doc_prefix)
-    cache_dir = OmegaConf.select(cfg, "paths.cache_dir", default=None) or "~/.cache/gte_pro"
+    cache_dir = cache_root(OmegaConf.select(cfg, "paths.cache_dir", default=None))
     store_folder = partial(ensure_text_store, corpus_files, encoder.tokenizer, int(cfg.mine.max_length),
                            encoder.doc_prefix, cache_dir) if corpus_files else None
     data = MiningData(source, store_folder, int(getattr(source, "min_doc_chars", 0) or 0))

@@ -4,8 +4,8 @@
 - a sweep: ``<sweep>/report.md`` with ``metric_vs_<key>.png`` for each swept key (the optimised metric against its
   values) and ``curves.png`` (every job's train loss and validation metric overlaid), the best job marked.
 
-A run without the CSV logger (``logger=none``/``tensorboard``) has no curves; the sweep plots of the metric
-against the swept keys still come from each job's ``metrics.json``.
+A run without the CSV logger (``logger=none``; wandb and tensorboard keep it on beside them) has no curves; the
+sweep plots of the metric against the swept keys still come from each job's ``metrics.json``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import csv
 import logging
 import math
 import re
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,24 @@ def parse_overrides(overrides: str) -> dict[str, str]:
     return {key.lstrip("+~"): value for key, value in pairs}
 
 
+# overrides of a sweep job that belong to the sweep, not to the job: the preset that makes a run a sweep, and
+# Hydra's own settings (launcher, sweeper, folders)
+SWEEP_ONLY = ("hparams_search", "hydra")
+
+
+def rerun_command(overrides: Sequence[str]) -> str:
+    """``python train.py`` with a sweep job's own overrides (shell-quoted): that job again, as a single run."""
+    kept = [o for o in overrides if re.split(r"[=./]", o.lstrip("+~"), maxsplit=1)[0] not in SWEEP_ONLY]
+    return " ".join(["python train.py", *map(shlex.quote, kept)])
+
+
+def _job_overrides(job_dir: Path) -> list[str]:
+    """The overrides Hydra recorded for a job (``.hydra/overrides.yaml``: a YAML list of strings)."""
+    from omegaconf import OmegaConf
+
+    return [str(item) for item in OmegaConf.load(job_dir / ".hydra" / "overrides.yaml")]
+
+
 def swept_keys(rows: Sequence[dict[str, Any]]) -> list[str]:
     """The override keys whose value differs between jobs, in the order they first appear."""
     values: dict[str, set[str]] = {}
@@ -132,7 +151,8 @@ def plot_sweep(sweep_dir: Path, rows: Sequence[dict[str, Any]], metric: str) -> 
     lines = [f"# Sweep report: {sweep_dir.name}", "",
              f"{len(rows)} jobs, {len(done)} with `{metric}`."]
     if best:
-        lines += ["", f"Best: job {best['job']} (`{best['overrides']}`), {metric} = {best[metric]:.4f}."]
+        lines += ["", f"Best: job {best['job']} (`{best['overrides']}`), {metric} = {best[metric]:.4f}.",
+                  "", f"Train it alone: `{rerun_command(_job_overrides(sweep_dir / str(best['job'])))}`"]
     lines += ["", "## Jobs", "", (sweep_dir / "summary.md").read_text() if (sweep_dir / "summary.md").is_file()
               else "_no summary_"]
     for image in [*images, curves]:

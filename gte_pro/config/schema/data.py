@@ -15,8 +15,8 @@ class Remine:
     """Re-mining during training: at the start of every ``every_n_epochs``-th epoch (0: off; and of the first epoch
     with ``at_start``) the training queries and corpus (every row's positives) are embedded with the current weights
     and each row's hard negatives are mined afresh with the ``mine.*`` options (rank window, margins, sampling);
-    needs ``data.num_negatives > 0``. The pools are kept in ``<run dir>/negatives/``; the log and metrics.json say
-    what each re-mine cost against its epoch."""
+    needs ``data.num_negatives != 0`` (null: mine.num_negatives or more). The pools are kept in
+    ``<run dir>/negatives/``; the log and metrics.json say what each re-mine cost against its epoch."""
 
     every_n_epochs: int = setting(0, "re-mine the hard negatives at the start of every N-th epoch; 0: off",
                                   integer(0))
@@ -40,8 +40,9 @@ class DataCommon:
     batch_size: int = setting(32, "training rows per batch and device (dynamic padding: each batch is padded to its "
                               "longest text)", integer(2))
     eval_batch_size: int = setting(128, "texts per encoding batch at validation", integer(1))
-    num_negatives: int = setting(0, "hard negatives per query; rows with fewer get other rows' positives (random "
-                                 "negatives)", integer(0))
+    num_negatives: int | None = setting(None, "hard negatives per query; null: as many as the rows carry (the most "
+                                        "of any row); rows with fewer get other rows' positives (random negatives); "
+                                        "0: in-batch negatives only", integer(0, optional=True))
     max_length: int = setting(256, "truncation of every text (tokens)", integer(1))
     num_workers: int = setting(0, "DataLoader worker processes", integer(0))
     pin_memory: FLAG = setting(False, "DataLoader pin_memory", IS_FLAG)
