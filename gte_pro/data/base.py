@@ -41,6 +41,7 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
 
     def __init__(
         self,
+        *,
         tokenizer: PreTrainedTokenizerBase | None = None,
         batch_size: int = 32,
         eval_batch_size: int = 128,

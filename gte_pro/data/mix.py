@@ -182,7 +182,7 @@ class MixDataModule(ContrastiveDataModule):
     those of the sources before it (``train_rows`` reads them back).
     """
 
-    def __init__(self, sources: Any, weights: Any = None, alpha: float = 0.5, same_source_batches: bool = True,
+    def __init__(self, *, sources: Any, weights: Any = None, alpha: float = 0.5, same_source_batches: bool = True,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.alpha = float(alpha)
