@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.cache import TokenizedCache, cache_key, tokenizer_fingerprint, write_tokenized
+from gte_pro.data.collaborators import CandidateSource, EvalSetSource, NegativePool, PairJoiner
 from gte_pro.data.datasets import ExampleView, TokenizedPairs
 from gte_pro.data.records import CleaningReport, Example, iter_clean_examples
 from gte_pro.data.sampling import EpochSampler, ResumableLoader
@@ -61,6 +62,10 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
         group_by_length: bool = True,
         length_window: int = 50,
         remine: Any = None,  # data.remine: read by the training loop (gte_pro.mining.remine), not here
+        negative_pool: NegativePool | None = None,  # re-mined negatives (data.remine), drawn from once active
+        pair_join: PairJoiner | None = None,  # task=rerank: the reranker's joining of (query, document) ids
+        candidates: CandidateSource | None = None,  # task=rerank: each validation set's candidates
+        eval_sets: EvalSetSource | None = None,  # eval.beir: named sets validated after the held-out split
     ) -> None:
         super().__init__()
         if batch_size < 2:
@@ -90,10 +95,10 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
         self.reports: list[dict[str, Any]] = []
         self._live_reports: list[CleaningReport] = []
         self._private_cache: Path | None = None
-        self.init_validation_sets(eval_batch_size, max_length)
+        self.init_validation_sets(eval_batch_size, max_length, pair_join, candidates, eval_sets)
         self._train_loader: ResumableLoader | None = None
         self._resume_position: dict[str, Any] | None = None  # from a checkpoint, for the next train_dataloader()
-        self.negative_pool: Any = None  # re-mined negatives (gte_pro.mining.remine sets it), drawn from when set
+        self.negative_pool = negative_pool
 
     # --- what subclasses provide -------------------------------------------------------------------------
     @abc.abstractmethod

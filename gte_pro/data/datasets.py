@@ -6,19 +6,17 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.cache import TokenizedCache
+from gte_pro.data.collaborators import NegativePool
 from gte_pro.data.records import Example
 from gte_pro.errors import ConfigError
 from gte_pro.retrieval import RetrievalSet
-
-if TYPE_CHECKING:  # the mining package builds on the data package, not the other way round
-    from gte_pro.mining.pool import NegativePool
 
 
 class DrawnRow(NamedTuple):

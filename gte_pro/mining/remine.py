@@ -49,7 +49,7 @@ def training_corpus(table: Any) -> tuple[
 
 class RemineNegatives(Callback):
     """Mines a fresh negative pool at the start of every ``every_n_epochs``-th epoch (and of epoch 0 with
-    ``at_start``) into ``folder``; the data module's training dataset draws from it."""
+    ``at_start``) into ``folder``; the data module, built with ``negative_pool=callback.pool``, draws from it."""
 
     def __init__(self, folder: str | Path, options: MiningOptions, every_n_epochs: int = 1, at_start: bool = False,
                  batch_size: int = 128, max_length: int = 256) -> None:
@@ -76,7 +76,9 @@ class RemineNegatives(Callback):
         if not getattr(datamodule, "num_negatives", 0):
             raise ConfigError("data.remine needs hard negatives to draw: set data.num_negatives > 0 "
                              f"(now {getattr(datamodule, 'num_negatives', None)})")
-        datamodule.negative_pool = self.pool
+        if getattr(datamodule, "negative_pool", None) is not self.pool:
+            raise RuntimeError("data.remine: build the data module with negative_pool=<this callback>.pool "
+                               "(gte_pro.modes.build.build_data_for)")
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         epoch = trainer.datamodule.next_train_epoch()

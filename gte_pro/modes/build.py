@@ -71,18 +71,29 @@ def start_run(cfg: DictConfig) -> Path:
     return output_dir
 
 
-def build_datamodule(cfg: DictConfig, tokenizer: Any, query_prefix: str = "", doc_prefix: str = "") -> Any:
-    """The configured data module (``data/``), tokenizing with ``tokenizer`` and the model's prompts."""
+def build_datamodule(cfg: DictConfig, tokenizer: Any, query_prefix: str = "", doc_prefix: str = "",
+                     **collaborators: Any) -> Any:
+    """The configured data module (``data/``), tokenizing with ``tokenizer`` and the model's prompts;
+    ``collaborators``: what higher floors hand it (``gte_pro.data.collaborators``: ``negative_pool``, ``pair_join``,
+    ``candidates``, ``eval_sets``), given here once and never set on it afterwards."""
     return instantiate(cfg.data, tokenizer=tokenizer, query_prefix=query_prefix, doc_prefix=doc_prefix,
-                       seed=cfg.seed)
+                       seed=cfg.seed, **collaborators)
 
 
-def build_data_for(cfg: DictConfig, model: Encoder | CrossEncoder) -> Any:
-    """The data module for training ``model``: a reranker's batches are its own joined (query, document) pairs."""
-    datamodule = build_datamodule(cfg, model.tokenizer, model.query_prefix, model.doc_prefix)
-    if isinstance(model, CrossEncoder):
-        datamodule.pair_join = model.pairs
-    return datamodule
+def task_collaborators(module: TrainingModule) -> dict[str, Any]:
+    """What a task's module hands its data module: a reranker's joining of (query, document) ids and the
+    candidates its validation reranks; nothing for an embedder."""
+    if isinstance(module, RerankModule):
+        return {"pair_join": module.encoder.pairs, "candidates": module.validation_candidates}
+    return {}
+
+
+def build_data_for(cfg: DictConfig, module: TrainingModule, **collaborators: Any) -> Any:
+    """The data module for ``module``'s task (a reranker's batches are its own joined pairs, its validation sets
+    its candidates), with ``collaborators`` (``negative_pool``, ``eval_sets``) besides."""
+    encoder = module.encoder
+    return build_datamodule(cfg, encoder.tokenizer, encoder.query_prefix, encoder.doc_prefix,
+                            **task_collaborators(module), **collaborators)
 
 
 def build_strategy(cfg: DictConfig) -> Any:

@@ -32,6 +32,20 @@ log = logging.getLogger(__name__)
 ROWS = "rows"
 
 
+class ValidationCandidates:
+    """Each validation set's candidates (per query, its corpus positions): found by the reranker's module once the
+    process group exists (``RerankModule.setup``) and served by the data module as (query, candidate) pairs (its
+    ``candidates``: a ``gte_pro.data.collaborators.CandidateSource``, handed in when it is built)."""
+
+    def __init__(self) -> None:
+        self.found: list[list[list[int]]] | None = None
+
+    def candidates(self, index: int) -> list[list[int]]:
+        if self.found is None:
+            raise RuntimeError("the reranker's candidates are found in RerankModule.setup(), before validation")
+        return self.found[index]
+
+
 def retriever_candidates(retriever: Encoder, retrieval: RetrievalSet, depth: int, batch_size: int = 64,
                          rank: int = 0, world_size: int = 1,
                          autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> list[list[int]]:
