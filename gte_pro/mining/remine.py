@@ -126,7 +126,6 @@ class RemineNegatives(Callback):
         encoder = pl_module.encoder
         # the encoder's prompts are added by mine_texts; inference mode, the trainer's precision, sharded over ranks
         mined = mine_texts(encoder, queries, corpus, positives, self.options, self.batch_size, self.max_length,
-                           trainer.global_rank, trainer.world_size,
                            autocast=trainer.strategy.precision_plugin.forward_context)
         indices = mined.indices.cpu().numpy()
         pool = np.where(indices[..., None] >= 0, refs[np.clip(indices, 0, None)], -1)

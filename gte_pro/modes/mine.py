@@ -104,12 +104,12 @@ def mine_problem(fabric: Fabric, encoder: Encoder, problem: MiningProblem, optio
     window = options if teacher is None else window_options(options)
     with torch.inference_mode():
         mined = mine_texts(encoder, problem.queries, problem.corpus, problem.positives, window, batch_size,
-                           max_length, fabric.global_rank, fabric.world_size, fabric.autocast, timings)
+                           max_length, fabric.autocast, timings)
         rescored = None
         if teacher is not None and rescore is not None:
             mined, rescored = rescore_window(teacher.to(fabric.device), problem.queries, problem.corpus,
-                                             problem.positives, mined, options, rescore.batch_size,
-                                             fabric.global_rank, fabric.world_size, fabric.device, problem.held_out)
+                                             problem.positives, mined, options, rescore.batch_size, fabric.device,
+                                             problem.held_out)
             timings["rescore_s"] = rescored.seconds
     return Mined(mined, rescored, timings)
 

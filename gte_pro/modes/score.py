@@ -48,8 +48,7 @@ def score_shards(fabric: Fabric, teacher: Teacher, source: str, shards: ShardFol
     plan = plan_shards(source, shard_rows, shards)
     fabric.barrier()
     with torch.inference_mode():
-        timing = score_rank(teacher, source, shard_rows, batch_size, shards, plan, fabric.global_rank,
-                            fabric.world_size, fabric.autocast)
+        timing = score_rank(teacher, source, shard_rows, batch_size, shards, plan, fabric.autocast)
     fabric.barrier()
     return plan, timing
 

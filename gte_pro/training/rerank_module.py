@@ -84,11 +84,9 @@ class RerankModule(TrainingModule):
         device = self.trainer.strategy.root_device
         options = {"max_length": self.retriever_max_length} if self.retriever_max_length else {}
         retriever = Encoder(self.retriever, **options).to(device)
-        rank, world_size = self.trainer.global_rank, self.trainer.world_size
         found = []
         for name, retrieval in sets:
-            found.append(retriever_candidates(retriever, retrieval, self.rerank_depth, self.retriever_batch_size,
-                                              rank, world_size))
+            found.append(retriever_candidates(retriever, retrieval, self.rerank_depth, self.retriever_batch_size))
             log.info("reranker validation %s: the top %d of %d documents by %s for each of %d queries",
                      name or "(held-out)", min(self.rerank_depth, len(retrieval.corpus)), len(retrieval.corpus),
                      self.retriever, len(retrieval.queries))
