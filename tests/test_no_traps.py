@@ -76,9 +76,9 @@ def test_scored_rows_without_negatives_fail_when_the_data_is_read(tokenizer, tmp
     from gte_pro.data.jsonl import JsonlDataModule
 
     path = _scored(tmp_path / "scored.jsonl", negatives=0)
+    # what gte_pro.modes.build hands the data module for loss=distill_kl
     module = JsonlDataModule(train_file=str(path), tokenizer=tokenizer, batch_size=4, val_fraction=0.2,
-                             cache_dir=str(tmp_path / "c"))
-    module.distill_loss = "distill_kl"  # what gte_pro.modes.build sets for loss=distill_kl
+                             cache_dir=str(tmp_path / "c"), distill_loss="distill_kl")
     module.prepare_data()
     with pytest.raises(DataError, match=rf"{path}: loss=distill_kl needs hard negatives in the training rows"):
         module.setup("fit")

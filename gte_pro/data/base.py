@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.cache import TokenizedCache, cache_key, tokenizer_fingerprint, write_tokenized
+from gte_pro.data.collaborators import CandidateSource, EvalSetSource, NegativePool, PairJoiner
 from gte_pro.data.datasets import ExampleView, TokenizedPairs, negatives_per_row
 from gte_pro.data.records import CleaningReport, Example, iter_clean_examples
 from gte_pro.data.sampling import EpochSampler, ResumableLoader
@@ -62,6 +63,11 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
         group_by_length: bool = True,
         length_window: int = 50,
         remine: Any = None,  # data.remine: read by the training loop (gte_pro.mining.remine), not here
+        negative_pool: NegativePool | None = None,  # re-mined negatives (data.remine), drawn from once active
+        pair_join: PairJoiner | None = None,  # task=rerank: the reranker's joining of (query, document) ids
+        candidates: CandidateSource | None = None,  # task=rerank: each validation set's candidates
+        eval_sets: EvalSetSource | None = None,  # eval.beir: named sets validated after the held-out split
+        distill_loss: str | None = None,  # loss=distill_kl/margin_mse trains on these rows: scores and negatives
     ) -> None:
         super().__init__()
         self.tokenizer = tokenizer
@@ -92,12 +98,12 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
         self.reports: list[dict[str, Any]] = []
         self._live_reports: list[CleaningReport] = []
         self._private_cache: Path | None = None
-        self.init_validation_sets(eval_batch_size, max_length)
+        self.init_validation_sets(eval_batch_size, max_length, pair_join, candidates, eval_sets)
         self._train_loader: ResumableLoader | None = None
         self._resume_position: dict[str, Any] | None = None  # from a checkpoint, for the next train_dataloader()
-        self.negative_pool: Any = None  # re-mined negatives (gte_pro.mining.remine sets it), drawn from when set
-        # loss=distill_kl/margin_mse (gte_pro.modes.build sets its name): the rows need teacher scores and negatives
-        self.distill_loss: str | None = None
+        self.negative_pool = negative_pool
+        # loss=distill_kl/margin_mse: the rows need teacher scores and negatives (checked once the rows are read)
+        self.distill_loss = distill_loss
 
     # --- what subclasses provide -------------------------------------------------------------------------
     @abc.abstractmethod
@@ -225,6 +231,11 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
         val, distractors = cache.validation()
         self.token_cache = cache
         self.num_negatives = negatives_per_row(self.num_negatives_setting, cache.negative_counts())
+        if self.num_negatives_setting is None and self.negative_pool is not None:
+            # null is "as many as the rows carry", and a re-mined row carries up to mine.num_negatives
+            self.num_negatives = max(self.num_negatives, self.negative_pool.negatives_per_row)
+            log.info("data.remine: %d hard negative(s) per row (data.num_negatives=null: the most of the file's "
+                     "rows and of a re-mined row)", self.num_negatives)
         self._check_distillable(cache)
         self.retrieval = RetrievalSet.from_examples(val, distractors)
         log.info("data: %d training pairs (token cache %s); validation: %d queries over a corpus of %d documents",

@@ -7,21 +7,19 @@ import logging
 import math
 import random
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.cache import TokenizedCache
+from gte_pro.data.collaborators import NegativePool
 from gte_pro.data.records import Example
 from gte_pro.errors import ConfigError
 from gte_pro.retrieval import RetrievalSet
 
 log = logging.getLogger(__name__)
-
-if TYPE_CHECKING:  # the mining package builds on the data package, not the other way round
-    from gte_pro.mining.pool import NegativePool
 
 
 def negatives_per_row(setting: int | None, counts: np.ndarray) -> int:
