@@ -240,8 +240,7 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
                             "add data")
         pairs = TokenizedPairs(self.token_cache.token_rows(), self.num_negatives, self.seed, self.negative_pool)
         collate = self.train_collate(self._require_tokenizer(), self.token_cache.scored)
-        lengths = self.token_cache.lengths() if self.group_by_length else None
-        sampler = EpochSampler(len(pairs), self.batch_size, world_size, rank, self.seed, lengths, self.length_window)
+        sampler = self.train_sampler(world_size, rank)
         # every step (and every rank) sees a full contrastive batch with the same number of negatives
         loader = ResumableLoader(pairs, sampler, batch_size=self.batch_size, drop_last=True, collate_fn=collate,
                                  num_workers=self.num_workers, pin_memory=self.pin_memory,
@@ -251,6 +250,15 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
             self._resume_position = None
         self._train_loader = loader
         return loader
+
+    def train_sampler(self, world_size: int = 1, rank: int = 0, batch_size: int | None = None) -> EpochSampler:
+        """The training loader's batch order (the memory plan, ``gte_pro.training.data_lengths``, reads its batches
+        before training: the same sampler, so the same batches)."""
+        if self.token_cache is None:
+            raise RuntimeError("setup() first")
+        lengths = self.token_cache.lengths() if self.group_by_length else None
+        return EpochSampler(len(self.token_cache), batch_size or self.batch_size, world_size, rank, self.seed, lengths,
+                            self.length_window)
 
     # the training position (epoch, batches done) travels in every checkpoint. Lightning restores a data module
     # before it first asks for the training loader, while its own restore of stateful loaders comes too late when
