@@ -4,8 +4,8 @@ estimate for the GTE models at a few batch sizes.
 
 Usage::
 
-    python benchmarks/bench_memory.py [--check] [--table] [--batches 8,32,128] [--length 512] [--negatives 3]
-        [--json FILE]
+    python benchmarks/bench_memory.py [--check] [--table] [--data] [--batches 8,32,128] [--length 512]
+        [--negatives 3] [--json FILE]
 
 - ``--check``: small configs of each family (BERT, Qwen2, ModernBERT; fp32 and bf16 autocast; gradient
   checkpointing, LoRA, GradCache), each trained two steps on the CPU (full-length texts: the estimate's bound) with
@@ -14,7 +14,11 @@ Usage::
   gte-large, gte-modernbert-base, gte-Qwen2-1.5B and gte-Qwen2-7B (their published shapes, built on the meta device:
   no download), full fine-tuning, with gradient checkpointing, LoRA + checkpointing, and FSDP over 8 GPUs.
 
-With neither flag, both.
+- ``--data``: the plan for the data's largest batch (what a run judges) against the measured peak of epoch 0 of
+  the training loader's batches, on files of short, mixed and long texts (the tiny BERT; length chunks as on the
+  CPU, one padded block, GradCache).
+
+With no flag, ``--check`` and ``--table``.
 """
 
 from __future__ import annotations
@@ -261,11 +265,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = harness.add_common(harness.parser(__doc__), json="write the rows to this file")
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--table", action="store_true")
+    parser.add_argument("--data", action="store_true",
+                        help="the data-based plan against epoch 0 of files of short, mixed and long texts (~5 min)")
     parser.add_argument("--batches", default="8,32,128")
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--negatives", type=int, default=3)
     args = parser.parse_args(argv)
-    if not args.check and not args.table:
+    if not args.check and not args.table and not args.data:
         args.check = args.table = True
     args.batch_list = harness.int_list(args.batches)
     return args
@@ -278,6 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     quiet_third_party()  # the dependencies' deprecation chatter, as in a run's log
     harness.announce()
     checks = check_rows() if args.check else []
+    data: list[Result] = []
+    if args.data:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as folder:
+            data = data_rows(folder)
     table = table_rows(args.batch_list, args.length, args.negatives) if args.table else []
     print(f"\n{harness.machine()}\n")
     if checks:
@@ -286,13 +298,22 @@ def main(argv: list[str] | None = None) -> int:
                              Column("estimated MiB", "estimated_mib", ".1f"),
                              Column("measured MiB", "measured_mib", ".1f"),
                              Column("estimated / measured", "ratio", ".2f")], checks))
+    if data:
+        print("\nthe data's largest batch (tiny BERT, batch 8 x (query, positive, 3 negatives), 128 tokens, epoch 0 of "
+              "160 rows):\n")
+        print(harness.table([Column("texts", "texts", numeric=False, key=True),
+                             Column("config", "config", numeric=False, key=True),
+                             Column("estimated MiB", "estimated_mib", ".1f"),
+                             Column("measured MiB", "measured_mib", ".1f"),
+                             Column("estimated / measured", "ratio", ".2f"),
+                             Column("full length MiB", "full_length_mib", ".1f")], data))
     if table:
         print(f"\nestimated GiB per device, bf16-mixed, {args.length} tokens, {args.negatives} negatives per query "
               f"(batch b: b x {2 + args.negatives} texts), AdamW, CUDA:\n")
         print(harness.table([Column("model", "model", numeric=False, key=True),
                              Column("variant", "variant", numeric=False, key=True),
                              *[Column(f"batch {b}", f"b{b}", ".1f") for b in args.batch_list]], table))
-    harness.save(args, checks=checks, table=table)
+    harness.save(args, checks=checks, table=table, data=data)
     return 0
 
 

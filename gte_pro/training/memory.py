@@ -14,9 +14,11 @@ Large Transformer Models", count them; the coefficients measured here, see below
   saved tensors (two intermediate-sized ones for a plain MLP, four for a gated one: SwiGLU, GeGLU), plus
   ``12 * heads * length`` bytes where the attention probabilities are kept (eager attention, or sdpa with attention
   dropout on the CPU); with gradient checkpointing, each layer's fp32 input and one layer's activations, recomputed in
-  backward; with LoRA, the inputs of the frozen projections (output, MLP) are not kept. Tokens are the texts of one
-  forward (``loss.mini_batch_size`` under GradCache) at ``model.max_length``: an upper bound, as batches are padded
-  only to their longest text. The forward-backward peak is weights + optimizer
+  backward; with LoRA, the inputs of the frozen projections (output, MLP) are not kept. Tokens: ``Setup.pieces``,
+  the (texts, padded length) pieces of the data's largest step (:mod:`gte_pro.training.data_lengths`: its query and
+  document forwards, in length chunks, or its largest GradCache mini-batch); without them, the texts of one forward
+  (``loss.mini_batch_size`` under GradCache) at ``model.max_length``: the worst case, as batches are padded only
+  to their longest text. The forward-backward peak is weights + optimizer
   state + autocast copies + 1.15x the activations (backward's temporaries).
 - **FSDP** over n devices: weights, gradients, optimizer state and step temporaries divided by n, plus two gathered
   transformer blocks (the one running and the one prefetched) in the compute dtype.
