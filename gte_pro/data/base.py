@@ -230,12 +230,7 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
             log.info("%s", CleaningReport.from_dict(report).summary())
         val, distractors = cache.validation()
         self.token_cache = cache
-        self.num_negatives = negatives_per_row(self.num_negatives_setting, cache.negative_counts())
-        if self.num_negatives_setting is None and self.negative_pool is not None:
-            # null is "as many as the rows carry", and a re-mined row carries up to mine.num_negatives
-            self.num_negatives = max(self.num_negatives, self.negative_pool.negatives_per_row)
-            log.info("data.remine: %d hard negative(s) per row (data.num_negatives=null: the most of the file's "
-                     "rows and of a re-mined row)", self.num_negatives)
+        self.num_negatives = self._negatives_per_row(cache)
         self._check_distillable(cache)
         self.retrieval = RetrievalSet.from_examples(val, distractors)
         log.info("data: %d training pairs (token cache %s); validation: %d queries over a corpus of %d documents",
@@ -271,8 +266,7 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
                             "add data")
         pairs = TokenizedPairs(self.token_cache.token_rows(), self.num_negatives, self.seed, self.negative_pool)
         collate = self.train_collate(self._require_tokenizer(), self.token_cache.scored)
-        lengths = self.token_cache.lengths() if self.group_by_length else None
-        sampler = EpochSampler(len(pairs), self.batch_size, world_size, rank, self.seed, lengths, self.length_window)
+        sampler = self.train_sampler(world_size, rank)
         # every step (and every rank) sees a full contrastive batch with the same number of negatives
         loader = ResumableLoader(pairs, sampler, batch_size=self.batch_size, drop_last=True, collate_fn=collate,
                                  num_workers=self.num_workers, pin_memory=self.pin_memory,
@@ -282,6 +276,34 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
             self._resume_position = None
         self._train_loader = loader
         return loader
+
+    def _negatives_per_row(self, cache: TokenizedCache, report: bool = True) -> int:
+        """What every row's batch carries: data.num_negatives, or with null the most of the file's rows and, when
+        re-mining, of a re-mined row (up to mine.num_negatives)."""
+        wanted = negatives_per_row(self.num_negatives_setting, cache.negative_counts(), report)
+        if self.num_negatives_setting is None and self.negative_pool is not None:
+            wanted = max(wanted, self.negative_pool.negatives_per_row)
+            if report:
+                log.info("data.remine: %d hard negative(s) per row (data.num_negatives=null: the most of the file's "
+                         "rows and of a re-mined row)", wanted)
+        return wanted
+
+    def open_token_cache(self) -> TokenizedCache:
+        """The training rows' token cache, built where missing, and the negatives per row it makes: what the memory
+        plan (``gte_pro.training.data_lengths``) reads before the model loads; ``setup`` does this and more."""
+        if self.token_cache is None:
+            self.token_cache = TokenizedCache(self._ensure_cache())
+            self.num_negatives = self._negatives_per_row(self.token_cache, report=False)
+        return self.token_cache
+
+    def train_sampler(self, world_size: int = 1, rank: int = 0, batch_size: int | None = None) -> EpochSampler:
+        """The training loader's batch order (the memory plan, ``gte_pro.training.data_lengths``, reads its batches
+        before training: the same sampler, so the same batches)."""
+        if self.token_cache is None:
+            raise RuntimeError("setup() first")
+        lengths = self.token_cache.lengths() if self.group_by_length else None
+        return EpochSampler(len(self.token_cache), batch_size or self.batch_size, world_size, rank, self.seed, lengths,
+                            self.length_window)
 
     # the training position (epoch, batches done) travels in every checkpoint. Lightning restores a data module
     # before it first asks for the training loader, while its own restore of stateful loaders comes too late when
