@@ -196,10 +196,10 @@ def measured_data_peak(cfg: Any, steps: set[int] | None = None) -> float:
 
     torch.manual_seed(0)
     encoder = build_encoder(cfg).train()
-    datamodule = build_data_for(cfg, encoder)
+    module = build_module(cfg, encoder)
+    datamodule = build_data_for(cfg, module)
     datamodule.prepare_data()
     datamodule.setup("fit")
-    module = build_module(cfg, encoder)
     optimizer = torch.optim.AdamW([p for p in encoder.parameters() if p.requires_grad], lr=1e-4)
     mixed = "mixed" in str(cfg.trainer.precision)
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if mixed else contextlib.nullcontext

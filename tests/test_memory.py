@@ -178,12 +178,12 @@ def test_a_run_whose_largest_batch_does_not_fit_is_refused_with_options_that_do(
 def test_the_plan_draws_the_lengths_the_training_loader_batches(make_cfg, tmp_path: Path):
     """The lengths the plan reads (token cache, the dataset's draw, the sampler's batches) are those of the batches
     the training loader makes."""
-    from gte_pro.modes.build import build_data_for, build_encoder
+    from gte_pro.modes.build import build_data_for, build_encoder, build_module
     from gte_pro.training.data_lengths import data_lengths
 
     cfg = _mined_run(make_cfg, tmp_path, None)
     data = data_lengths(cfg, cuda=False)
-    datamodule = build_data_for(cfg, build_encoder(cfg))
+    datamodule = build_data_for(cfg, build_module(cfg, build_encoder(cfg)))
     datamodule.prepare_data()
     datamodule.setup("fit")
     for rows, batch in zip(data.steps(8), datamodule.train_dataloader(), strict=True):

@@ -19,8 +19,9 @@ from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.cache import TokenizedCache, cache_key, tokenizer_fingerprint, write_tokenized
 from gte_pro.data.collaborators import CandidateSource, EvalSetSource, NegativePool, PairJoiner
-from gte_pro.data.datasets import ExampleView, TokenizedPairs, negatives_per_row
+from gte_pro.data.datasets import ExampleView, TokenizedPairs
 from gte_pro.data.records import CleaningReport, Example, iter_clean_examples
+from gte_pro.data.row_contents import cap_validation, distill_problem, negatives_per_row, rows_problem
 from gte_pro.data.sampling import EpochSampler, ResumableLoader
 from gte_pro.data.split import is_held_out
 from gte_pro.data.validation import ValidationSets
@@ -197,29 +198,15 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
                                     self.doc_prefix)
             val_rows = held_out if val is None else list(val)
             reports = [report.as_dict() for report in self._live_reports]
-            self._check_rows(count, val_rows, reports)
-            val_rows, distractors = self._cap_validation(val_rows, list(distractors))
+            if problem := rows_problem(type(self).__name__, count, len(val_rows), reports, self.val_fraction):
+                raise DataError(problem)
+            val_rows, distractors = cap_validation(val_rows, list(distractors), self.max_val_queries)
             meta = {"rows": count, "reports": reports, "distractors": distractors,
                     "val": [[ex.query, ex.positives, ex.negatives] for ex in val_rows]}
             try:
                 (tmp / "meta.json").write_text(json.dumps(meta))
             except OSError as error:
                 raise write_error(folder, error) from error
-
-    def _check_rows(self, count: int, val: list[Example], reports: list[dict[str, Any]]) -> None:
-        if not count:
-            raise DataError(f"{type(self).__name__}: no training rows left after cleaning "
-                            f"({'; '.join(r['source'] + ': ' + str(r['dropped']) for r in reports)})")
-        if not val:
-            raise DataError(f"{type(self).__name__}: no validation rows: provide a validation file or raise "
-                            f"data.val_fraction (now {self.val_fraction})")
-
-    def _cap_validation(self, val: list[Example], distractors: list[str]) -> tuple[list[Example], list[str]]:
-        if self.max_val_queries and len(val) > self.max_val_queries:
-            # the capped queries' positives stay in the corpus as distractors, so the task stays as hard
-            distractors = [p for ex in val[self.max_val_queries :] for p in ex.positives] + distractors
-            val = val[: self.max_val_queries]
-        return val, distractors
 
     def setup(self, stage: str | None = None) -> None:
         if self.retrieval is not None:
@@ -239,16 +226,9 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
     def _check_distillable(self, cache: TokenizedCache) -> None:
         """A distillation loss learns the teacher's scores of each row's positive and negatives: rows without
         either fail here, naming the source, before validation and training (else: at the first training step)."""
-        if self.distill_loss is None:
-            return
-        missing = [what for what, present in (("teacher scores (pos_scores, neg_scores)", cache.scored),
-                                              ("hard negatives", self.num_negatives)) if not present]
-        if missing:
-            source = getattr(self, "train_file", None) or getattr(self, "path", None) or type(self).__name__
-            raise DataError(f"{source}: loss={self.distill_loss} needs {' and '.join(missing)} in the training rows, "
-                            "and they have none: score the file first (python train.py mode=score data=jsonl "
-                            f"data.train_file={source} score.teacher=<reranker>) and train on its scored.jsonl, "
-                            "or choose loss=infonce")
+        source = getattr(self, "train_file", None) or getattr(self, "path", None) or type(self).__name__
+        if problem := distill_problem(self.distill_loss, source, cache.scored, self.num_negatives):
+            raise DataError(problem)
 
     def _require_tokenizer(self) -> PreTrainedTokenizerBase:
         if self.tokenizer is None:
@@ -278,15 +258,8 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
         return loader
 
     def _negatives_per_row(self, cache: TokenizedCache, report: bool = True) -> int:
-        """What every row's batch carries: data.num_negatives, or with null the most of the file's rows and, when
-        re-mining, of a re-mined row (up to mine.num_negatives)."""
-        wanted = negatives_per_row(self.num_negatives_setting, cache.negative_counts(), report)
-        if self.num_negatives_setting is None and self.negative_pool is not None:
-            wanted = max(wanted, self.negative_pool.negatives_per_row)
-            if report:
-                log.info("data.remine: %d hard negative(s) per row (data.num_negatives=null: the most of the file's "
-                         "rows and of a re-mined row)", wanted)
-        return wanted
+        remined = self.negative_pool.negatives_per_row if self.negative_pool is not None else None
+        return negatives_per_row(self.num_negatives_setting, cache.negative_counts(), report, remined)
 
     def open_token_cache(self) -> TokenizedCache:
         """The training rows' token cache, built where missing, and the negatives per row it makes: what the memory

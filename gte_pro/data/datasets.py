@@ -22,22 +22,6 @@ from gte_pro.retrieval import RetrievalSet
 log = logging.getLogger(__name__)
 
 
-def negatives_per_row(setting: int | None, counts: np.ndarray, report: bool = True) -> int:
-    """The hard negatives every training row is given: ``setting``, or with None (data.num_negatives=null) the
-    most any row carries, so that a file's own negatives are all used (sentence-transformers uses every negative
-    column it gets). Logs how many rows carry fewer (they get other rows' positives: random negatives)."""
-    wanted = int(counts.max(initial=0)) if setting is None else setting
-    if not report:
-        return wanted
-    short = int((counts < wanted).sum())
-    source = "data.num_negatives=null: the most any row carries" if setting is None else "data.num_negatives"
-    log.info("data: %d hard negative(s) per row (%s); the rows carry %d to %d (mean %.1f); %d of %d row(s) have "
-             "fewer and are filled with other rows' positives (random negatives)", wanted, source,
-             int(counts.min(initial=0)), int(counts.max(initial=0)), float(counts.mean()) if len(counts) else 0.0,
-             short, len(counts))
-    return wanted
-
-
 class DrawnRow(NamedTuple):
     """One training row as drawn for a step: token ids of the query, one positive and the negatives."""
 

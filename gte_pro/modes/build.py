@@ -20,6 +20,7 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
 from gte_pro.config.cross_keys import DISTILL_LOSSES
+from gte_pro.data.configured import build_datamodule
 from gte_pro.errors import ConfigError
 from gte_pro.launch.checkpoint_io import AtomicCheckpointIO
 from gte_pro.launch.environment import cpu_has_native_bf16, emulated_bf16_warning
@@ -71,15 +72,6 @@ def start_run(cfg: DictConfig) -> Path:
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     return output_dir
-
-
-def build_datamodule(cfg: DictConfig, tokenizer: Any, query_prefix: str = "", doc_prefix: str = "",
-                     **collaborators: Any) -> Any:
-    """The configured data module (``data/``), tokenizing with ``tokenizer`` and the model's prompts;
-    ``collaborators``: what higher floors hand it (``gte_pro.data.collaborators``: ``negative_pool``, ``pair_join``,
-    ``candidates``, ``eval_sets``), given here once and never set on it afterwards."""
-    return instantiate(cfg.data, tokenizer=tokenizer, query_prefix=query_prefix, doc_prefix=doc_prefix,
-                       seed=cfg.seed, **collaborators)
 
 
 def task_collaborators(module: TrainingModule) -> dict[str, Any]:

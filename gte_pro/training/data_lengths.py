@@ -154,7 +154,7 @@ def data_lengths(cfg: Any, cuda: bool) -> DataLengths | None:
     None where the plan judges full-length texts instead: ``task=rerank`` (pairs are joined per batch), a data
     module that batches its own way (``data=mix``), a source without a stable cache, ``data.remine``."""
     from gte_pro.data.base import ContrastiveDataModule
-    from gte_pro.modes.build import build_datamodule
+    from gte_pro.data.configured import build_datamodule
 
     remine = cfg.data.get("remine") or {}
     if str(cfg.get("task", "embed")) != "embed" or remine.get("every_n_epochs") or remine.get("at_start"):
