@@ -30,6 +30,7 @@ from typing import Any
 
 import harness
 from harness import Column, Result
+from memory_data import DATA_KINDS, measured_data_peak, planned_peak, write_texts
 from train_common import CONF
 
 MIB = 2**20
@@ -138,84 +139,13 @@ def measured_peak(cfg: Any, steps: int = 2) -> float:
     return float(counter.peak)
 
 
-# texts of the data checks, in words: short (a search box), mixed (mined passages: median ~37 words, 90th percentile
-# ~90, a few past max_length) and long (every document past max_length)
-WORDS = ["alpha", "beta", "gamma", "delta", "river", "stone", "market", "policy", "engine", "signal", "protein",
-         "orbit"]
-DATA_KINDS = ("short", "mixed", "long")
 # name -> overrides of the data checks (the bert family's tiny config, length chunks as on the CPU by default)
 DATA_CHECKS = {"chunks": [], "one block": ["model.length_chunks=1"], "gradcache": ["loss.mini_batch_size=8"]}
-
-
-def write_texts(path: Any, rows: int, kind: str, negatives: int = 3, seed: int = 0) -> Any:
-    """A JSON-lines file of ``rows`` (query, positive, ``negatives`` negatives) with texts of ``kind`` lengths."""
-    import json
-    import random
-
-    rng = random.Random(seed)
-
-    def text(prefix: str, scale: float = 1.0) -> str:
-        if kind == "short":
-            n = rng.randint(3, 12)
-        elif kind == "long":
-            n = rng.randint(300, 400)
-        else:
-            n = min(400, int(rng.lognormvariate(3.6, 0.7)))
-        return " ".join([prefix, *(rng.choice(WORDS) for _ in range(max(2, int(n * scale))))])
-
-    with open(path, "w", encoding="utf-8") as out:
-        for i in range(rows):
-            row = {"query": text(f"q{i}", 0.25), "pos": [text(f"p{i}")],
-                   "neg": [text(f"n{i}") for _ in range(negatives)]}
-            out.write(json.dumps(row) + "\n")
-    return path
 
 
 def data_overrides(train_file: Any, cache_dir: Any, extra: list[str] | None = None) -> list[str]:
     return [*check_overrides("bert", "fp32"), "data=jsonl", f"data.train_file={train_file}", "data.num_negatives=3",
             f"paths.cache_dir={cache_dir}", *(extra or [])]
-
-
-def planned_peak(cfg: Any) -> tuple[float, float]:
-    """(the plan's peak for the data's largest batch, its full-length worst case), as a run prints them (CPU)."""
-    from gte_pro.training.data_lengths import data_lengths
-    from gte_pro.training.memory import estimate, meta_backbone, setup_of, shape_of
-    from gte_pro.training.memory_plan import judged
-
-    shape, setup = shape_of(meta_backbone(cfg.model)), setup_of(cfg, cuda=False)
-    return judged(shape, setup, data_lengths(cfg, cuda=False))[0].peak, estimate(shape, setup).peak
-
-
-def measured_data_peak(cfg: Any, steps: set[int] | None = None) -> float:
-    """The peak bytes of live tensors over epoch 0 of the config's training loader (or its ``steps``), each batch
-    through the training module's own loss (length chunks, GradCache as configured) and AdamW, on the CPU."""
-    import torch
-
-    from gte_pro.modes.build import build_data_for, build_encoder, build_module
-    from gte_pro.utils.live_bytes import LiveBytes
-
-    torch.manual_seed(0)
-    encoder = build_encoder(cfg).train()
-    module = build_module(cfg, encoder)
-    datamodule = build_data_for(cfg, module)
-    datamodule.prepare_data()
-    datamodule.setup("fit")
-    optimizer = torch.optim.AdamW([p for p in encoder.parameters() if p.requires_grad], lr=1e-4)
-    mixed = "mixed" in str(cfg.trainer.precision)
-    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if mixed else contextlib.nullcontext
-    counter = LiveBytes()
-    counter.add([*encoder.parameters(), *encoder.buffers()])
-    with counter:
-        for step, batch in enumerate(datamodule.train_dataloader()):
-            if steps is not None and step not in steps:
-                continue
-            with autocast():
-                loss = module._contrastive_loss(batch).loss
-            loss.backward()
-            del loss
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-    return float(counter.peak)
 
 
 def data_rows(folder: Any, rows: int = 160) -> list[Result]:

@@ -140,10 +140,18 @@ def test_pips_failures_are_told_apart(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_the_preset_reads_the_cache_or_says_make_fetch_mpnet(make_cfg, tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch):
+    from omegaconf import open_dict
     from omegaconf.errors import InterpolationResolutionError
 
-    monkeypatch.setenv("GTE_PRO_CACHE", str(tmp_path / "empty"))
-    cfg = make_cfg(["model=mpnet"])
+    def mpnet_cfg():
+        """model=mpnet with the run's cache root (paths.cache_dir, the one cache root) at tmp_path/empty"""
+        cfg = make_cfg(["model=mpnet"])
+        with open_dict(cfg):
+            cfg.paths.cache_dir = str(tmp_path / "empty")
+        return cfg
+
+    monkeypatch.setenv("GTE_PRO_CACHE", str(tmp_path / "empty"))  # cached_model_path's root without a config
+    cfg = mpnet_cfg()
     assert cfg.model._target_ == "gte_pro.models.encoder.Encoder" and cfg.model.lr == 2e-5
     with pytest.raises(InterpolationResolutionError) as missing:
         _ = cfg.model.name_or_path
@@ -155,4 +163,4 @@ def test_the_preset_reads_the_cache_or_says_make_fetch_mpnet(make_cfg, tmp_path:
         cached_model_path(NAME)
     folder.mkdir(parents=True)
     (folder / "config.json").write_text("{}")
-    assert make_cfg(["model=mpnet"]).model.name_or_path == str(folder) == cached_model_path(NAME)
+    assert mpnet_cfg().model.name_or_path == str(folder) == cached_model_path(NAME)

@@ -227,8 +227,12 @@ SLURM_RANK_1_OF_2 = {"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_J
 def test_fabric_runs_where_the_trainer_would(make_cfg, monkeypatch):
     """mode=score and mode=mine run on Fabric (gte_pro.modes.build.build_fabric): under SLURM it finds the same
     cluster environment, rank, world size and DDP options as the Trainer; a strategy it cannot run is refused."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
     from gte_pro.modes.build import build_fabric, build_trainer
 
+    # building either sets the process-wide rank (1 here); later tests in this process write as rank 0
+    monkeypatch.setattr(rank_zero_only, "rank", rank_zero_only.rank)
     for key, value in SLURM_RANK_1_OF_2.items():
         monkeypatch.setenv(key, value)
     cfg = make_cfg(["mode=score", "strategy=ddp", "devices=2", "trainer.accelerator=cpu"])
