@@ -50,7 +50,7 @@ ROWS = [(f"question {i} " + "about the subject " * (i % 4),
 def _encoder(dropout: float = 0.0, dtype: torch.dtype = torch.float64) -> Encoder:
     torch.manual_seed(0)  # identical initial weights in every call (and every process)
     config = {**TINY, "hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
-    return Encoder(packaged_minilm_path(), random_init_config=config, max_length=32).to(dtype)
+    return Encoder.load(packaged_minilm_path(), random_init_config=config, max_length=32).to(dtype)
 
 
 def _batch(encoder: Encoder, negatives: int = NEGATIVES, rows: list = ROWS) -> dict[str, Any]:
