@@ -125,6 +125,8 @@ def test_the_encoder_is_composed_of_a_backbone_and_a_head():
     assert (composed.pooling, composed.normalize, composed.dim) == ("cls", True, 8)
     texts = ["a", "two words", "a somewhat longer text"]
     assert torch.equal(composed.encode(texts), loaded.encode(texts))
+    with pytest.raises(TypeError, match=r"use Encoder.load\(name_or_path"):
+        Encoder(packaged_minilm_path(), head)
 
 
 def test_a_config_that_names_the_old_targets_still_builds_its_model():

@@ -40,6 +40,9 @@ class CrossEncoder(nn.Module):
         query_prefix: str = "",
         doc_prefix: str = "",
     ) -> None:
+        if not isinstance(backbone, Backbone):
+            raise TypeError(f"CrossEncoder(backbone) takes its part; for a folder or hub name ({backbone!r}) use "
+                            "CrossEncoder.load(name_or_path, **options)")
         super().__init__()
         self.name_or_path = backbone.name_or_path
         self.tokenizer = backbone.tokenizer

@@ -60,6 +60,9 @@ class Encoder(nn.Module):
         query_prefix: str = "",
         doc_prefix: str = "",
     ) -> None:
+        if not isinstance(backbone, Backbone):
+            raise TypeError(f"Encoder(backbone, head) takes its parts; for a folder or hub name ({backbone!r}) use "
+                            "Encoder.load(name_or_path, **options)")
         super().__init__()
         # the parts' pieces under the names checkpoints (backbone.*, projection.*), exports and callers read
         self.name_or_path = backbone.name_or_path
