@@ -4,8 +4,8 @@ estimate for the GTE models at a few batch sizes.
 
 Usage::
 
-    python benchmarks/bench_memory.py [--check] [--table] [--batches 8,32,128] [--length 512] [--negatives 3]
-        [--json FILE]
+    python benchmarks/bench_memory.py [--check] [--table] [--data] [--batches 8,32,128] [--length 512]
+        [--negatives 3] [--json FILE]
 
 - ``--check``: small configs of each family (BERT, Qwen2, ModernBERT; fp32 and bf16 autocast; gradient
   checkpointing, LoRA, GradCache), each trained two steps on the CPU (full-length texts: the estimate's bound) with
@@ -14,7 +14,11 @@ Usage::
   gte-large, gte-modernbert-base, gte-Qwen2-1.5B and gte-Qwen2-7B (their published shapes, built on the meta device:
   no download), full fine-tuning, with gradient checkpointing, LoRA + checkpointing, and FSDP over 8 GPUs.
 
-With neither flag, both.
+- ``--data``: the plan for the data's largest batch (what a run judges) against the measured peak of epoch 0 of
+  the training loader's batches, on files of short, mixed and long texts (the tiny BERT; length chunks as on the
+  CPU, one padded block, GradCache).
+
+With no flag, ``--check`` and ``--table``.
 """
 
 from __future__ import annotations
@@ -134,6 +138,103 @@ def measured_peak(cfg: Any, steps: int = 2) -> float:
     return float(counter.peak)
 
 
+# texts of the data checks, in words: short (a search box), mixed (mined passages: median ~37 words, 90th percentile
+# ~90, a few past max_length) and long (every document past max_length)
+WORDS = ["alpha", "beta", "gamma", "delta", "river", "stone", "market", "policy", "engine", "signal", "protein",
+         "orbit"]
+DATA_KINDS = ("short", "mixed", "long")
+# name -> overrides of the data checks (the bert family's tiny config, length chunks as on the CPU by default)
+DATA_CHECKS = {"chunks": [], "one block": ["model.length_chunks=1"], "gradcache": ["loss.mini_batch_size=8"]}
+
+
+def write_texts(path: Any, rows: int, kind: str, negatives: int = 3, seed: int = 0) -> Any:
+    """A JSON-lines file of ``rows`` (query, positive, ``negatives`` negatives) with texts of ``kind`` lengths."""
+    import json
+    import random
+
+    rng = random.Random(seed)
+
+    def text(prefix: str, scale: float = 1.0) -> str:
+        if kind == "short":
+            n = rng.randint(3, 12)
+        elif kind == "long":
+            n = rng.randint(300, 400)
+        else:
+            n = min(400, int(rng.lognormvariate(3.6, 0.7)))
+        return " ".join([prefix, *(rng.choice(WORDS) for _ in range(max(2, int(n * scale))))])
+
+    with open(path, "w", encoding="utf-8") as out:
+        for i in range(rows):
+            row = {"query": text(f"q{i}", 0.25), "pos": [text(f"p{i}")],
+                   "neg": [text(f"n{i}") for _ in range(negatives)]}
+            out.write(json.dumps(row) + "\n")
+    return path
+
+
+def data_overrides(train_file: Any, cache_dir: Any, extra: list[str] | None = None) -> list[str]:
+    return [*check_overrides("bert", "fp32"), "data=jsonl", f"data.train_file={train_file}", "data.num_negatives=3",
+            f"paths.cache_dir={cache_dir}", *(extra or [])]
+
+
+def planned_peak(cfg: Any) -> tuple[float, float]:
+    """(the plan's peak for the data's largest batch, its full-length worst case), as a run prints them (CPU)."""
+    from gte_pro.training.data_lengths import data_lengths
+    from gte_pro.training.memory import estimate, meta_backbone, setup_of, shape_of
+    from gte_pro.training.memory_plan import judged
+
+    shape, setup = shape_of(meta_backbone(cfg.model)), setup_of(cfg, cuda=False)
+    return judged(shape, setup, data_lengths(cfg, cuda=False))[0].peak, estimate(shape, setup).peak
+
+
+def measured_data_peak(cfg: Any, steps: set[int] | None = None) -> float:
+    """The peak bytes of live tensors over epoch 0 of the config's training loader (or its ``steps``), each batch
+    through the training module's own loss (length chunks, GradCache as configured) and AdamW, on the CPU."""
+    import torch
+
+    from gte_pro.modes.build import build_data_for, build_encoder, build_module
+    from gte_pro.utils.live_bytes import LiveBytes
+
+    torch.manual_seed(0)
+    encoder = build_encoder(cfg).train()
+    module = build_module(cfg, encoder)
+    datamodule = build_data_for(cfg, module)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    optimizer = torch.optim.AdamW([p for p in encoder.parameters() if p.requires_grad], lr=1e-4)
+    mixed = "mixed" in str(cfg.trainer.precision)
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if mixed else contextlib.nullcontext
+    counter = LiveBytes()
+    counter.add([*encoder.parameters(), *encoder.buffers()])
+    with counter:
+        for step, batch in enumerate(datamodule.train_dataloader()):
+            if steps is not None and step not in steps:
+                continue
+            with autocast():
+                loss = module._contrastive_loss(batch).loss
+            loss.backward()
+            del loss
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return float(counter.peak)
+
+
+def data_rows(folder: Any, rows: int = 160) -> list[Result]:
+    from pathlib import Path
+
+    results = []
+    for kind in DATA_KINDS:
+        train_file = write_texts(Path(folder) / f"{kind}.jsonl", rows, kind)
+        for check, extra in DATA_CHECKS.items():
+            cfg = compose(data_overrides(train_file, Path(folder) / "cache", extra))
+            (estimated, worst), measured = planned_peak(cfg), measured_data_peak(cfg)
+            results.append({"texts": kind, "config": check, "estimated_mib": estimated / MIB,
+                            "measured_mib": measured / MIB, "ratio": estimated / measured,
+                            "full_length_mib": worst / MIB})
+            print(f"{kind} {check}: estimated {estimated / MIB:.1f} MiB (full length {worst / MIB:.1f}), "
+                  f"measured {measured / MIB:.1f} MiB", flush=True)
+    return results
+
+
 def check_rows() -> list[Result]:
     rows = []
     for family in FAMILY:
@@ -164,11 +265,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = harness.add_common(harness.parser(__doc__), json="write the rows to this file")
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--table", action="store_true")
+    parser.add_argument("--data", action="store_true",
+                        help="the data-based plan against epoch 0 of files of short, mixed and long texts (~5 min)")
     parser.add_argument("--batches", default="8,32,128")
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--negatives", type=int, default=3)
     args = parser.parse_args(argv)
-    if not args.check and not args.table:
+    if not args.check and not args.table and not args.data:
         args.check = args.table = True
     args.batch_list = harness.int_list(args.batches)
     return args
@@ -181,6 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     quiet_third_party()  # the dependencies' deprecation chatter, as in a run's log
     harness.announce()
     checks = check_rows() if args.check else []
+    data: list[Result] = []
+    if args.data:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as folder:
+            data = data_rows(folder)
     table = table_rows(args.batch_list, args.length, args.negatives) if args.table else []
     print(f"\n{harness.machine()}\n")
     if checks:
@@ -189,13 +298,22 @@ def main(argv: list[str] | None = None) -> int:
                              Column("estimated MiB", "estimated_mib", ".1f"),
                              Column("measured MiB", "measured_mib", ".1f"),
                              Column("estimated / measured", "ratio", ".2f")], checks))
+    if data:
+        print("\nthe data's largest batch (tiny BERT, batch 8 x (query, positive, 3 negatives), 128 tokens, epoch 0 of "
+              "160 rows):\n")
+        print(harness.table([Column("texts", "texts", numeric=False, key=True),
+                             Column("config", "config", numeric=False, key=True),
+                             Column("estimated MiB", "estimated_mib", ".1f"),
+                             Column("measured MiB", "measured_mib", ".1f"),
+                             Column("estimated / measured", "ratio", ".2f"),
+                             Column("full length MiB", "full_length_mib", ".1f")], data))
     if table:
         print(f"\nestimated GiB per device, bf16-mixed, {args.length} tokens, {args.negatives} negatives per query "
               f"(batch b: b x {2 + args.negatives} texts), AdamW, CUDA:\n")
         print(harness.table([Column("model", "model", numeric=False, key=True),
                              Column("variant", "variant", numeric=False, key=True),
                              *[Column(f"batch {b}", f"b{b}", ".1f") for b in args.batch_list]], table))
-    harness.save(args, checks=checks, table=table)
+    harness.save(args, checks=checks, table=table, data=data)
     return 0
 
 

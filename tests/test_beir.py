@@ -113,7 +113,7 @@ def test_beir_as_training_data(make_cfg, tokenizer, beir_dir: Path):
 def test_beir_training_data_without_a_dev_split_holds_out_training_queries(tokenizer, beir_dir: Path):
     for split in ("dev", "test"):
         (beir_dir / "qrels" / f"{split}.tsv").unlink()
-    data = BeirDataModule(str(beir_dir), tokenizer=tokenizer, val_fraction=0.3, batch_size=4)
+    data = BeirDataModule(path=str(beir_dir), tokenizer=tokenizer, val_fraction=0.3, batch_size=4)
     data.setup("fit")
     held_out = set(data.retrieval.queries)
     assert held_out and not held_out & {ex.query for ex in data.train_rows}
@@ -123,7 +123,7 @@ def test_beir_training_data_without_a_dev_split_holds_out_training_queries(token
 def test_beir_training_data_needs_its_train_split(tokenizer, beir_dir: Path):
     (beir_dir / "qrels" / "train.tsv").unlink()
     with pytest.raises(DataError, match=r"qrels/train\.tsv: file not found \(splits in .*: dev, test\)"):
-        BeirDataModule(str(beir_dir), tokenizer=tokenizer).setup("fit")
+        BeirDataModule(path=str(beir_dir), tokenizer=tokenizer).setup("fit")
 
 
 def test_numeric_ids_are_read_as_text(beir_dir: Path):

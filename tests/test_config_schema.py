@@ -21,9 +21,11 @@ from gte_pro.config.schema import SCHEMAS
 from gte_pro.config.schema.run import RunSchema, TrainerSchema
 
 ROOT = Path(__file__).resolve().parents[1]
-# what gte_pro.modes.build hands a data module besides its config keys (the tokenizer is the model's, the prompts
-# model.query_prefix/doc_prefix, the seed the top-level one)
-HANDED_OVER = {"data": {"tokenizer", "seed", "query_prefix", "doc_prefix"}}
+# what gte_pro.modes.build hands a data module besides its config keys: the tokenizer is the model's, the prompts
+# model.query_prefix/doc_prefix, the seed the top-level one; the collaborators of gte_pro/data/collaborators.py and
+# the distillation loss's name come from the module and the loss
+HANDED_OVER = {"data": {"tokenizer", "seed", "query_prefix", "doc_prefix", "negative_pool", "pair_join",
+                        "candidates", "eval_sets", "distill_loss"}}
 TARGETED = [(group, option, schema) for group in ("data", "model", "loss")
             for option, schema in SCHEMAS[group].items()]
 

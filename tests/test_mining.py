@@ -239,13 +239,12 @@ def tiny_teacher():
                                                  length_chunks=1))
 
 
-def _rescored(rank: int = 0, world: int = 1):
+def _rescored():
     """The texts' window mined by the tiny encoder, judged by the tiny teacher (batches of 8 pairs dealt over the
-    ranks)."""
+    ranks of the process group, if there is one)."""
     texts = _texts()
-    window = mine_texts(_tiny_encoder(), *texts, window_options(RESCORE), batch_size=4, max_length=32, rank=rank,
-                        world_size=world)
-    return rescore_window(tiny_teacher(), *texts, window, RESCORE, batch_size=8, rank=rank, world_size=world)[0]
+    window = mine_texts(_tiny_encoder(), *texts, window_options(RESCORE), batch_size=4, max_length=32)
+    return rescore_window(tiny_teacher(), *texts, window, RESCORE, batch_size=8)[0]
 
 
 SHARDED = {"top": default_mining_options(5, 2, 30), "random": default_mining_options(5, 2, 30, sampling="random"),
@@ -263,9 +262,10 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         results = {name: mine_negatives(queries, corpus[index], index, NUM_CORPUS, positives, options)
                    for name, options in SHARDED.items()}
         texts = _texts()
+        # each rank embeds its share: the ranks are the process group's (gte_pro.utils.distributed.world())
         results["texts"] = mine_texts(_tiny_encoder(), *texts, default_mining_options(5, 0, 20, relative_margin=None),
-                                      batch_size=4, max_length=32, rank=rank, world_size=world)
-        results["rescored"] = _rescored(rank, world)
+                                      batch_size=4, max_length=32)
+        results["rescored"] = _rescored()
         torch.save({name: vars(r) for name, r in results.items()}, Path(out_dir) / f"{rank}.pt")
     finally:
         dist.destroy_process_group()

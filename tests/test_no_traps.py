@@ -23,10 +23,10 @@ from tests.conftest import CONF, write_jsonl
 
 # --- data.num_negatives: null uses the file's own -----------------------------------------------------------------
 def test_the_default_uses_every_negative_the_rows_carry(caplog: pytest.LogCaptureFixture):
-    from gte_pro.data.datasets import negatives_per_row
+    from gte_pro.data.row_contents import negatives_per_row
 
     counts = np.array([3, 1, 0, 3])
-    with caplog.at_level(logging.INFO, logger="gte_pro.data.datasets"):
+    with caplog.at_level(logging.INFO, logger="gte_pro.data.row_contents"):
         assert negatives_per_row(None, counts) == 3
     assert "3 hard negative(s) per row (data.num_negatives=null: the most any row carries)" in caplog.text
     assert "2 of 4 row(s) have fewer and are filled with other rows' positives" in caplog.text
@@ -76,9 +76,9 @@ def test_scored_rows_without_negatives_fail_when_the_data_is_read(tokenizer, tmp
     from gte_pro.data.jsonl import JsonlDataModule
 
     path = _scored(tmp_path / "scored.jsonl", negatives=0)
+    # what gte_pro.modes.build hands the data module for loss=distill_kl
     module = JsonlDataModule(train_file=str(path), tokenizer=tokenizer, batch_size=4, val_fraction=0.2,
-                             cache_dir=str(tmp_path / "c"))
-    module.distill_loss = "distill_kl"  # what gte_pro.modes.build sets for loss=distill_kl
+                             cache_dir=str(tmp_path / "c"), distill_loss="distill_kl")
     module.prepare_data()
     with pytest.raises(DataError, match=rf"{path}: loss=distill_kl needs hard negatives in the training rows"):
         module.setup("fit")

@@ -29,7 +29,7 @@ def _refs(rows: int, k: int, shift: int) -> np.ndarray:
 
 
 def test_the_active_pool_is_the_latest_one_up_to_the_epoch(tmp_path: Path):
-    pool = NegativePool(tmp_path / "negatives")
+    pool = NegativePool(tmp_path / "negatives", negatives_per_row=2)
     assert pool.references([0, 1], epoch=0) is None  # no pool yet: the rows' own negatives
     write_pool(pool.folder, 1, _refs(6, 3, 1), {"dim": 8})
     write_pool(pool.folder, 3, _refs(6, 3, 2), {"dim": 8})
@@ -47,7 +47,7 @@ def test_the_active_pool_is_the_latest_one_up_to_the_epoch(tmp_path: Path):
 
 
 def test_a_pool_from_other_data_or_another_model_is_refused_naming_its_file(tmp_path: Path):
-    pool = NegativePool(tmp_path)
+    pool = NegativePool(tmp_path, negatives_per_row=2)
     write_pool(tmp_path, 1, _refs(6, 3, 1), {"dim": 8})
     pool.check(num_rows=6, dim=8)
     with pytest.raises(DataError, match=r"epoch-0001\.json: a negative pool for 6 training rows.* has 7"):
@@ -65,7 +65,7 @@ def _token_rows(n: int = 6) -> datasets.Dataset:
 
 
 def test_the_dataset_draws_negatives_from_the_pool_of_the_items_epoch(tmp_path: Path):
-    pool = NegativePool(tmp_path)
+    pool = NegativePool(tmp_path, negatives_per_row=2)
     write_pool(tmp_path, 1, _refs(6, 3, 1), {"dim": 8})
     pairs = TokenizedPairs(_token_rows(), num_negatives=2, seed=0, mined=pool)
     before = pairs.__getitems__([(0, 0), (3, 0)])

@@ -218,3 +218,23 @@ def test_two_ddp_ranks_write_the_file_one_rank_writes(make_cfg, cross_encoder: P
     markers = [json.loads(p.read_text()) for p in sorted((tmp_path / "two" / "score_shards").glob("*.json"))]
     assert [m["rank"] for m in markers] == [0, 1] * 4  # shard i by rank i % 2
     assert (tmp_path / "two" / "scored.jsonl").read_bytes() == (tmp_path / "one" / "scored.jsonl").read_bytes()
+
+
+SLURM_RANK_1_OF_2 = {"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NAME": "job", "SLURM_JOB_ID": "7",
+                     "SLURM_NODELIST": "localhost", "SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NODEID": "0"}
+
+
+def test_fabric_runs_where_the_trainer_would(make_cfg, monkeypatch):
+    """mode=score and mode=mine run on Fabric (gte_pro.modes.build.build_fabric): under SLURM it finds the same
+    cluster environment, rank, world size and DDP options as the Trainer; a strategy it cannot run is refused."""
+    from gte_pro.modes.build import build_fabric, build_trainer
+
+    for key, value in SLURM_RANK_1_OF_2.items():
+        monkeypatch.setenv(key, value)
+    cfg = make_cfg(["mode=score", "strategy=ddp", "devices=2", "trainer.accelerator=cpu"])
+    fabric, trainer = build_fabric(cfg), build_trainer(cfg, callbacks=[], loggers=[])
+    for runner in (fabric, trainer):
+        assert type(runner.strategy.cluster_environment).__name__ == "SLURMEnvironment"
+        assert (runner.global_rank, runner.world_size, runner.strategy._timeout) == (1, 2, trainer.strategy._timeout)
+    with pytest.raises(ConfigError, match=r"mode=score: strategy .*FSDPStrategy is not supported.*strategy=ddp"):
+        build_fabric(make_cfg(["mode=score", "strategy=fsdp", "devices=2", "trainer.accelerator=cpu"]))

@@ -182,6 +182,113 @@ def test_no_private_name_is_imported_from_another_folder():
         "\n".join(found)
 
 
+# A data module is handed its collaborators (negative pools, pair joiners, candidates, eval sets: the protocols of
+# gte_pro/data/collaborators.py) when it is built; no module outside gte_pro/data writes into it afterwards. A data
+# module is a name or attribute called *datamodule*/*data_module* (``dm``), a name annotated with a *DataModule type,
+# or a name bound to a call that builds one (build_datamodule, build_data_for, eval_datamodule, *DataModule(...)).
+# A write is an assignment (also augmented or annotated) to one of its attributes or items, ``setattr`` on it, or a
+# call of one of its ``add_*``/``set_*``/``attach_*`` methods.
+_DATA_MODULE_WORDS = ("datamodule", "data_module")
+_DATA_MODULE_BUILDERS = ("build_datamodule", "build_data_for", "eval_datamodule")
+_MUTATING_PREFIXES = ("add_", "set_", "attach_")
+
+
+def _names_a_data_module(node: ast.AST, bound: set[str]) -> bool:
+    if isinstance(node, ast.Name):
+        return node.id in bound or node.id == "dm" or any(w in node.id.lower() for w in _DATA_MODULE_WORDS)
+    if isinstance(node, ast.Attribute):  # dm.__dict__["x"] = ... writes into dm
+        return any(w in node.attr.lower() for w in _DATA_MODULE_WORDS) or (
+            node.attr == "__dict__" and _names_a_data_module(node.value, bound))
+    if isinstance(node, ast.Call) and ast.unparse(node.func) == "vars" and node.args:  # vars(dm)["x"] = ...
+        return _names_a_data_module(node.args[0], bound)
+    return False
+
+
+def _bound_data_modules(tree: ast.AST) -> set[str]:
+    """Names annotated with a data module type or bound to a call that builds one (anywhere in the module)."""
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg | ast.AnnAssign) and node.annotation is not None:
+            name = node.arg if isinstance(node, ast.arg) else ast.unparse(node.target)
+            if "DataModule" in ast.unparse(node.annotation):
+                bound.add(name)
+        if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Call):
+            called = ast.unparse(node.value.func).rpartition(".")[2]
+            if called in _DATA_MODULE_BUILDERS or called.endswith("DataModule"):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                bound.update(t.id for t in targets if isinstance(t, ast.Name))
+    return bound
+
+
+def data_module_writes(module: str, source: str) -> list[str]:
+    """``module:line: statement`` for every write into a data module in ``source`` (see the rule above)."""
+    tree = ast.parse(source)
+    bound = _bound_data_modules(tree)
+    found = []
+    for node in ast.walk(tree):
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            targets = [t for target in node.targets
+                       for t in (target.elts if isinstance(target, ast.Tuple | ast.List) else [target])]
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        written = any(isinstance(t, ast.Attribute | ast.Subscript) and _names_a_data_module(t.value, bound)
+                      for t in targets)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+            written = bool(node.args) and _names_a_data_module(node.args[0], bound)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            written = node.func.attr.startswith(_MUTATING_PREFIXES) and _names_a_data_module(node.func.value, bound)
+        if written:
+            found.append((node.lineno, f"{module}:{node.lineno}: {ast.unparse(node).splitlines()[0]}"))
+    return [hit for _, hit in sorted(found)]
+
+
+def test_the_data_module_write_finder_sees_every_kind_of_write():
+    source = """
+def setup(self, trainer, dm, source: ContrastiveDataModule):
+    trainer.datamodule.negative_pool = self.pool
+    datamodule = trainer.datamodule
+    datamodule.candidates = self.candidates
+    run.data_module.x += 1
+    dm.y: int = 2
+    setattr(dm, "z", 3)
+    source.pair_join = join
+    built = build_data_for(cfg, module)
+    built.extra = []
+    datamodule.__dict__["w"] = 4; vars(dm)["v"] = 5
+    datamodule.add_eval_sets(sets)
+    a, trainer.datamodule.b = 1, 2
+    # reads, and writes into other objects, are fine
+    self.pool = datamodule.negative_pool
+    trainer.x = datamodule.validation_sets()
+    datamodule.setup("fit")
+"""
+    assert [hit.split(":")[1] for hit in data_module_writes("m", source)] == [
+        str(line) for line in (3, 5, 6, 7, 8, 9, 11, 12, 12, 13, 14)]
+
+
+def test_the_rule_catches_the_old_run_time_writes():
+    """The writes this rule was written against (before the data module took its collaborators when built)."""
+    old = {"gte_pro.mining.remine": "datamodule = trainer.datamodule\ndatamodule.negative_pool = self.pool\n",
+           "gte_pro.modes.build": "datamodule = build_datamodule(cfg, t)\ndatamodule.pair_join = model.pairs\n",
+           "gte_pro.training.rerank_module": "datamodule = self.trainer.datamodule\n"
+                                             "datamodule.candidates = self.candidates\n",
+           "gte_pro.evaluation.sets": "def attach_eval_sets(datamodule: Any, cfg: Any) -> None:\n"
+                                      "    datamodule.add_eval_sets(sets, batch_size=1)\n"}
+    assert [hit for module, source in old.items() for hit in data_module_writes(module, source)] == [
+        "gte_pro.mining.remine:2: datamodule.negative_pool = self.pool",
+        "gte_pro.modes.build:2: datamodule.pair_join = model.pairs",
+        "gte_pro.training.rerank_module:2: datamodule.candidates = self.candidates",
+        "gte_pro.evaluation.sets:2: datamodule.add_eval_sets(sets, batch_size=1)"]
+
+
+def test_no_module_outside_data_writes_into_a_data_module():
+    paths = [p for p in sorted(PACKAGE.rglob("*.py")) if folder(module_name(p)) != "data"]
+    found = [hit for path in paths for hit in data_module_writes(module_name(path), path.read_text())]
+    assert not found, ("writes into a data module from outside gte_pro/data (hand it the collaborator when it is "
+                       "built: gte_pro/data/collaborators.py):\n" + "\n".join(found))
+
+
 def test_no_module_is_oversized():
     sizes = {module_name(p): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
     too_long = {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES}

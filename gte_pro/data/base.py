@@ -18,8 +18,10 @@ from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.cache import TokenizedCache, cache_key, tokenizer_fingerprint, write_tokenized
-from gte_pro.data.datasets import ExampleView, TokenizedPairs, negatives_per_row
+from gte_pro.data.collaborators import CandidateSource, EvalSetSource, NegativePool, PairJoiner
+from gte_pro.data.datasets import ExampleView, TokenizedPairs
 from gte_pro.data.records import CleaningReport, Example, iter_clean_examples
+from gte_pro.data.row_contents import cap_validation, distill_problem, negatives_per_row, rows_problem
 from gte_pro.data.sampling import EpochSampler, ResumableLoader
 from gte_pro.data.split import is_held_out
 from gte_pro.data.validation import ValidationSets
@@ -41,6 +43,7 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
 
     def __init__(
         self,
+        *,
         tokenizer: PreTrainedTokenizerBase | None = None,
         batch_size: int = 32,
         eval_batch_size: int = 128,
@@ -61,6 +64,11 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
         group_by_length: bool = True,
         length_window: int = 50,
         remine: Any = None,  # data.remine: read by the training loop (gte_pro.mining.remine), not here
+        negative_pool: NegativePool | None = None,  # re-mined negatives (data.remine), drawn from once active
+        pair_join: PairJoiner | None = None,  # task=rerank: the reranker's joining of (query, document) ids
+        candidates: CandidateSource | None = None,  # task=rerank: each validation set's candidates
+        eval_sets: EvalSetSource | None = None,  # eval.beir: named sets validated after the held-out split
+        distill_loss: str | None = None,  # loss=distill_kl/margin_mse trains on these rows: scores and negatives
     ) -> None:
         super().__init__()
         self.tokenizer = tokenizer
@@ -91,12 +99,12 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
         self.reports: list[dict[str, Any]] = []
         self._live_reports: list[CleaningReport] = []
         self._private_cache: Path | None = None
-        self.init_validation_sets(eval_batch_size, max_length)
+        self.init_validation_sets(eval_batch_size, max_length, pair_join, candidates, eval_sets)
         self._train_loader: ResumableLoader | None = None
         self._resume_position: dict[str, Any] | None = None  # from a checkpoint, for the next train_dataloader()
-        self.negative_pool: Any = None  # re-mined negatives (gte_pro.mining.remine sets it), drawn from when set
-        # loss=distill_kl/margin_mse (gte_pro.modes.build sets its name): the rows need teacher scores and negatives
-        self.distill_loss: str | None = None
+        self.negative_pool = negative_pool
+        # loss=distill_kl/margin_mse: the rows need teacher scores and negatives (checked once the rows are read)
+        self.distill_loss = distill_loss
 
     # --- what subclasses provide -------------------------------------------------------------------------
     @abc.abstractmethod
@@ -190,29 +198,15 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
                                     self.doc_prefix)
             val_rows = held_out if val is None else list(val)
             reports = [report.as_dict() for report in self._live_reports]
-            self._check_rows(count, val_rows, reports)
-            val_rows, distractors = self._cap_validation(val_rows, list(distractors))
+            if problem := rows_problem(type(self).__name__, count, len(val_rows), reports, self.val_fraction):
+                raise DataError(problem)
+            val_rows, distractors = cap_validation(val_rows, list(distractors), self.max_val_queries)
             meta = {"rows": count, "reports": reports, "distractors": distractors,
                     "val": [[ex.query, ex.positives, ex.negatives] for ex in val_rows]}
             try:
                 (tmp / "meta.json").write_text(json.dumps(meta))
             except OSError as error:
                 raise write_error(folder, error) from error
-
-    def _check_rows(self, count: int, val: list[Example], reports: list[dict[str, Any]]) -> None:
-        if not count:
-            raise DataError(f"{type(self).__name__}: no training rows left after cleaning "
-                            f"({'; '.join(r['source'] + ': ' + str(r['dropped']) for r in reports)})")
-        if not val:
-            raise DataError(f"{type(self).__name__}: no validation rows: provide a validation file or raise "
-                            f"data.val_fraction (now {self.val_fraction})")
-
-    def _cap_validation(self, val: list[Example], distractors: list[str]) -> tuple[list[Example], list[str]]:
-        if self.max_val_queries and len(val) > self.max_val_queries:
-            # the capped queries' positives stay in the corpus as distractors, so the task stays as hard
-            distractors = [p for ex in val[self.max_val_queries :] for p in ex.positives] + distractors
-            val = val[: self.max_val_queries]
-        return val, distractors
 
     def setup(self, stage: str | None = None) -> None:
         if self.retrieval is not None:
@@ -223,7 +217,7 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
             log.info("%s", CleaningReport.from_dict(report).summary())
         val, distractors = cache.validation()
         self.token_cache = cache
-        self.num_negatives = negatives_per_row(self.num_negatives_setting, cache.negative_counts())
+        self.num_negatives = self._negatives_per_row(cache)
         self._check_distillable(cache)
         self.retrieval = RetrievalSet.from_examples(val, distractors)
         log.info("data: %d training pairs (token cache %s); validation: %d queries over a corpus of %d documents",
@@ -232,16 +226,9 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
     def _check_distillable(self, cache: TokenizedCache) -> None:
         """A distillation loss learns the teacher's scores of each row's positive and negatives: rows without
         either fail here, naming the source, before validation and training (else: at the first training step)."""
-        if self.distill_loss is None:
-            return
-        missing = [what for what, present in (("teacher scores (pos_scores, neg_scores)", cache.scored),
-                                              ("hard negatives", self.num_negatives)) if not present]
-        if missing:
-            source = getattr(self, "train_file", None) or getattr(self, "path", None) or type(self).__name__
-            raise DataError(f"{source}: loss={self.distill_loss} needs {' and '.join(missing)} in the training rows, "
-                            "and they have none: score the file first (python train.py mode=score data=jsonl "
-                            f"data.train_file={source} score.teacher=<reranker>) and train on its scored.jsonl, "
-                            "or choose loss=infonce")
+        source = getattr(self, "train_file", None) or getattr(self, "path", None) or type(self).__name__
+        if problem := distill_problem(self.distill_loss, source, cache.scored, self.num_negatives):
+            raise DataError(problem)
 
     def _require_tokenizer(self) -> PreTrainedTokenizerBase:
         if self.tokenizer is None:
@@ -259,8 +246,7 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
                             "add data")
         pairs = TokenizedPairs(self.token_cache.token_rows(), self.num_negatives, self.seed, self.negative_pool)
         collate = self.train_collate(self._require_tokenizer(), self.token_cache.scored)
-        lengths = self.token_cache.lengths() if self.group_by_length else None
-        sampler = EpochSampler(len(pairs), self.batch_size, world_size, rank, self.seed, lengths, self.length_window)
+        sampler = self.train_sampler(world_size, rank)
         # every step (and every rank) sees a full contrastive batch with the same number of negatives
         loader = ResumableLoader(pairs, sampler, batch_size=self.batch_size, drop_last=True, collate_fn=collate,
                                  num_workers=self.num_workers, pin_memory=self.pin_memory,
@@ -270,6 +256,27 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
             self._resume_position = None
         self._train_loader = loader
         return loader
+
+    def _negatives_per_row(self, cache: TokenizedCache, report: bool = True) -> int:
+        remined = self.negative_pool.negatives_per_row if self.negative_pool is not None else None
+        return negatives_per_row(self.num_negatives_setting, cache.negative_counts(), report, remined)
+
+    def open_token_cache(self) -> TokenizedCache:
+        """The training rows' token cache, built where missing, and the negatives per row it makes: what the memory
+        plan (``gte_pro.training.data_lengths``) reads before the model loads; ``setup`` does this and more."""
+        if self.token_cache is None:
+            self.token_cache = TokenizedCache(self._ensure_cache())
+            self.num_negatives = self._negatives_per_row(self.token_cache, report=False)
+        return self.token_cache
+
+    def train_sampler(self, world_size: int = 1, rank: int = 0, batch_size: int | None = None) -> EpochSampler:
+        """The training loader's batch order (the memory plan, ``gte_pro.training.data_lengths``, reads its batches
+        before training: the same sampler, so the same batches)."""
+        if self.token_cache is None:
+            raise RuntimeError("setup() first")
+        lengths = self.token_cache.lengths() if self.group_by_length else None
+        return EpochSampler(len(self.token_cache), batch_size or self.batch_size, world_size, rank, self.seed, lengths,
+                            self.length_window)
 
     # the training position (epoch, batches done) travels in every checkpoint. Lightning restores a data module
     # before it first asks for the training loader, while its own restore of stateful loaders comes too late when

@@ -252,7 +252,7 @@ class BeirDataModule(ContrastiveDataModule):
     Texts are cleaned like every training source; for the canonical numbers name the folder in ``eval.beir``.
     """
 
-    def __init__(self, path: str, train_split: str = "train", val_splits: Sequence[str] = ("dev", "test"),
+    def __init__(self, *, path: str, train_split: str = "train", val_splits: Sequence[str] = ("dev", "test"),
                  max_distractors: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not path:

@@ -6,36 +6,20 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 from torch.utils.data import Dataset
 from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.cache import TokenizedCache
+from gte_pro.data.collaborators import NegativePool
 from gte_pro.data.records import Example
 from gte_pro.errors import ConfigError
 from gte_pro.retrieval import RetrievalSet
 
 log = logging.getLogger(__name__)
-
-if TYPE_CHECKING:  # the mining package builds on the data package, not the other way round
-    from gte_pro.mining.pool import NegativePool
-
-
-def negatives_per_row(setting: int | None, counts: np.ndarray) -> int:
-    """The hard negatives every training row is given: ``setting``, or with None (data.num_negatives=null) the
-    most any row carries, so that a file's own negatives are all used (sentence-transformers uses every negative
-    column it gets). Logs how many rows carry fewer (they get other rows' positives: random negatives)."""
-    wanted = int(counts.max(initial=0)) if setting is None else setting
-    short = int((counts < wanted).sum())
-    source = "data.num_negatives=null: the most any row carries" if setting is None else "data.num_negatives"
-    log.info("data: %d hard negative(s) per row (%s); the rows carry %d to %d (mean %.1f); %d of %d row(s) have "
-             "fewer and are filled with other rows' positives (random negatives)", wanted, source,
-             int(counts.min(initial=0)), int(counts.max(initial=0)), float(counts.mean()) if len(counts) else 0.0,
-             short, len(counts))
-    return wanted
 
 
 class DrawnRow(NamedTuple):
@@ -47,6 +31,28 @@ class DrawnRow(NamedTuple):
     row: int  # the row of the training data (batches carry it, so that a failing step can name its rows)
     # teacher scores of [positive, *negatives] (NaN: a slot with no teacher score); None: the rows have no scores
     teacher: list[float] | None = None
+
+
+def draw_indices(seed: int, row: int, epoch: int, num_positives: int, pool_size: int, num_negatives: int,
+                 num_rows: int, positive_count: Callable[[int], int]) -> tuple[int, list[int | None],
+                                                                                list[tuple[int, int]]]:
+    """What row ``row`` draws in ``epoch``, as indices: its positive's, its negatives' in the pool of ``pool_size``
+    (None: a missing hard negative, filled with another row's positive), and those fills as (other row, index of its
+    positive). A pure function of (seed, row, epoch), so that the memory plan (``gte_pro.training.data_lengths``)
+    draws the lengths a run will train on without reading the token ids. Indices rather than texts: the same draws
+    as ``rng.choice(texts)``, and the teacher score of each."""
+    rng = random.Random((seed * 1_000_003 + row) * 7_919 + epoch)
+    positive = rng.choice(range(num_positives))
+    if pool_size >= num_negatives:
+        return positive, list(rng.sample(range(pool_size), num_negatives)), []
+    picked: list[int | None] = list(range(pool_size))
+    fills: list[tuple[int, int]] = []
+    while len(picked) < num_negatives:  # too few hard negatives: other rows' positives
+        other = rng.randrange(num_rows)
+        if other != row:
+            fills.append((other, rng.choice(range(positive_count(other)))))
+            picked.append(None)
+    return positive, picked, fills
 
 
 class TokenizedPairs(Dataset):
@@ -88,9 +94,10 @@ class TokenizedPairs(Dataset):
                                                                  strict=True)):
             is_own = mined is None or mined[i] is None
             pool = own[i] if is_own else mined[i]
-            rng = random.Random((self.seed * 1_000_003 + row) * 7_919 + epoch)
-            positive = rng.choice(range(len(positives)))  # the same draw as rng.choice(positives)
-            negatives, picked = self._negatives(pool, row, rng)
+            positive, picked, fills = draw_indices(self.seed, row, epoch, len(positives), len(pool),
+                                                   self.num_negatives, len(self.rows), self._positive_count)
+            negatives = [pool[j] for j in picked if j is not None]
+            negatives += [self.rows[other]["positives"][j] for other, j in fills]
             teacher = None
             if pos_scores is not None and pos_scores[i] is not None:
                 scores = neg_scores[i] if is_own else []  # re-mined negatives have no teacher score
@@ -114,20 +121,8 @@ class TokenizedPairs(Dataset):
         positives = dict(zip(wanted, self.rows[wanted]["positives"], strict=True))  # one read for the whole batch
         return [None if refs is None else [positives[r][j] for r, j in refs] for refs in references]
 
-    def _negatives(self, pool: list[list[int]], index: int,
-                   rng: random.Random) -> tuple[list[list[int]], list[int | None]]:
-        """The negatives drawn and their indices in ``pool`` (None: a missing hard negative filled with another
-        row's positive). Indices are drawn rather than texts: the same draws, and the teacher score of each."""
-        if len(pool) >= self.num_negatives:
-            picked: list[int | None] = list(rng.sample(range(len(pool)), self.num_negatives))
-            return [pool[j] for j in picked], picked  # type: ignore[index]
-        negatives, picked = list(pool), list(range(len(pool)))
-        while len(negatives) < self.num_negatives:  # too few hard negatives: other rows' positives
-            other = rng.randrange(len(self.rows))
-            if other != index:
-                negatives.append(rng.choice(self.rows[other]["positives"]))
-                picked.append(None)
-        return negatives, picked
+    def _positive_count(self, row: int) -> int:
+        return len(self.rows[row]["positives"])
 
 
 class ExampleView(Sequence[Example]):

@@ -106,7 +106,7 @@ def load_demo_splits(cache_dir: str | Path, **options) -> DemoSplits:
 class DemoDataModule(ContrastiveDataModule):
     """Summary line -> body pairs from the Python standard library's docstrings; works offline anywhere."""
 
-    def __init__(self, max_distractors: int | None = 1000, val_fraction: float = 0.1, min_query_chars: int = 10,
+    def __init__(self, *, max_distractors: int | None = 1000, val_fraction: float = 0.1, min_query_chars: int = 10,
                  min_doc_chars: int = 40, max_length: int = 128, **kwargs: Any) -> None:
         # the defaults a constructor keeps for use without a config are DemoData's (tests/test_config_schema.py)
         super().__init__(val_fraction=val_fraction, min_query_chars=min_query_chars, min_doc_chars=min_doc_chars,

@@ -27,7 +27,7 @@ def _root_cause(error: BaseException, limit: int = 300) -> str:
 class HFDataModule(ContrastiveDataModule):
     """A ``datasets`` dataset (hub name, local data folder or ``save_to_disk`` folder) with a column mapping."""
 
-    def __init__(self, path: str, name: str | None = None, train_split: str = "train",
+    def __init__(self, *, path: str, name: str | None = None, train_split: str = "train",
                  val_split: str | None = None, columns: dict[str, str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not path or not isinstance(path, str):

@@ -20,7 +20,7 @@ class JsonlDataModule(ContrastiveDataModule):
     memory.
     """
 
-    def __init__(self, train_file: str, val_file: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, train_file: str, val_file: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not train_file:
             raise DataError("data.train_file is required with data=jsonl")

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from gte_pro.data.base import ContrastiveDataModule
 from gte_pro.data.beir import BeirDataModule
+from gte_pro.data.collaborators import COLLABORATORS
 from gte_pro.data.datasets import TokenizedPairs
 from gte_pro.data.demo import DemoDataModule
 from gte_pro.data.hf import HFDataModule
@@ -182,12 +183,14 @@ class MixDataModule(ContrastiveDataModule):
     those of the sources before it (``train_rows`` reads them back).
     """
 
-    def __init__(self, sources: Any, weights: Any = None, alpha: float = 0.5, same_source_batches: bool = True,
+    def __init__(self, *, sources: Any, weights: Any = None, alpha: float = 0.5, same_source_batches: bool = True,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.alpha = float(alpha)
         self.same_source_batches = same_source_batches
-        self.sources = build_sources(sources, kwargs, same_source_batches)
+        # the collaborators (eval sets, a reranker's pair joining, ...) are the mix's, not its sources'
+        shared = {key: value for key, value in kwargs.items() if key not in COLLABORATORS}
+        self.sources = build_sources(sources, shared, same_source_batches)
         self.weights = check_weights(weights, list(self.sources))
         # the module logs the mean of these sets' metrics as val/<metric> (the first set is not the held-out one)
         self.averaged_sets = list(self.sources)

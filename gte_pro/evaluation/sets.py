@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.beir import BeirSet
+from gte_pro.data.collaborators import CandidateSource, PairJoiner
 from gte_pro.data.corpus_store import load_beir_stored
 from gte_pro.data.validation import ValidationSets
 from gte_pro.errors import ConfigError
@@ -76,11 +77,23 @@ def load_eval_sets(cfg: Any, tokenizer: PreTrainedTokenizerBase, doc_prefix: str
             for path, split, name in eval_set_specs(eval_cfg.beir, eval_cfg.get("split", "test"))]
 
 
-def attach_eval_sets(datamodule: Any, cfg: Any) -> None:
-    """Add ``cfg.eval.beir`` to the training data module's validation (logged as ``val/<name>/<metric>``)."""
-    sets = load_eval_sets(cfg, datamodule.tokenizer, datamodule.doc_prefix, datamodule.max_length)
-    if sets:
-        datamodule.add_eval_sets(sets, batch_size=cfg.eval.get("batch_size"), max_length=cfg.eval.get("max_length"))
+class BeirEvalSets:
+    """``cfg.eval.beir`` as a data module's ``eval_sets`` (``gte_pro.data.collaborators.EvalSetSource``): validated,
+    and logged as ``val/<name>/<metric>``, after the training data's held-out split."""
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+        self.batch_size = cfg.eval.get("batch_size")
+        self.max_length = cfg.eval.get("max_length")
+
+    def load(self, tokenizer: PreTrainedTokenizerBase, doc_prefix: str, max_length: int) -> list[tuple[str, BeirSet]]:
+        return load_eval_sets(self.cfg, tokenizer, doc_prefix, max_length)
+
+
+def eval_set_source(cfg: Any) -> BeirEvalSets | None:
+    """The training data module's ``eval_sets``: those of ``cfg.eval.beir``, None when it names none."""
+    eval_cfg = cfg.get("eval")
+    return BeirEvalSets(cfg) if eval_cfg and eval_cfg.get("beir") else None
 
 
 class EvalDataModule(ValidationSets, LightningDataModule):
@@ -89,11 +102,12 @@ class EvalDataModule(ValidationSets, LightningDataModule):
 
     def __init__(self, sets: Sequence[tuple[str, RetrievalSet]], tokenizer: PreTrainedTokenizerBase,
                  batch_size: int = 128, max_length: int = 512, query_prefix: str = "", doc_prefix: str = "",
-                 num_workers: int = 0) -> None:
+                 num_workers: int = 0, pair_join: PairJoiner | None = None,
+                 candidates: CandidateSource | None = None) -> None:
         super().__init__()
         if not sets:
             raise ValueError("EvalDataModule: no evaluation sets")
-        self.init_validation_sets(batch_size, max_length)
+        self.init_validation_sets(batch_size, max_length, pair_join, candidates)
         self.sets = list(sets)
         self.tokenizer = tokenizer
         self.max_length = max_length

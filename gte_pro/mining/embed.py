@@ -28,6 +28,7 @@ from gte_pro.mining.options import MiningOptions
 from gte_pro.mining.problem import MiningCorpus
 from gte_pro.models.encoder import Encoder
 from gte_pro.retrieval import all_gather_rows
+from gte_pro.utils.distributed import world
 from gte_pro.utils.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -41,25 +42,26 @@ def shard_batches(lengths: np.ndarray, chars: np.ndarray, batch_size: int, rank:
             for start in range(rank * batch_size, len(order), world_size * batch_size)]
 
 
-def embed_texts(encoder: Encoder, texts: Sequence[str], batch_size: int, max_length: int, rank: int = 0,
-                world_size: int = 1, autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext,
+def embed_texts(encoder: Encoder, texts: Sequence[str], batch_size: int, max_length: int,
+                autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext,
                 what: str = "texts") -> tuple[torch.Tensor, torch.Tensor]:
     """``embed_tokens`` of ``texts`` tokenized now (truncated at ``max_length``; prefixes are the caller's to
     add)."""
-    return embed_tokens(encoder, TokenizedTexts(encoder.tokenizer, texts, max_length), batch_size, rank, world_size,
-                        autocast, what)
+    return embed_tokens(encoder, TokenizedTexts(encoder.tokenizer, texts, max_length), batch_size, autocast, what)
 
 
-def embed_tokens(encoder: Encoder, tokens: Any, batch_size: int, rank: int = 0, world_size: int = 1,
+def embed_tokens(encoder: Encoder, tokens: Any, batch_size: int,
                  autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext,
                  what: str = "texts") -> tuple[torch.Tensor, torch.Tensor]:
     """(embeddings (n_local, d) float32 on the encoder's device, global indices (n_local,)) of this rank's share of
-    ``tokens`` (``lengths``, ``chars`` and the token ids of each text by index, e.g. ``TokenizedTexts``). ``encoder``:
+    ``tokens`` (``lengths``, ``chars`` and the token ids of each text by index, e.g. ``TokenizedTexts``), the ranks
+    being those of ``gte_pro.utils.distributed.world()`` (one without a process group). ``encoder``:
     a ``gte_pro.models.encoder.Encoder``. Inference mode, eval mode during the call (the previous mode is restored),
     each batch under ``autocast()``."""
     if batch_size < 1:
         raise ValueError(f"embed_texts: batch_size={batch_size} must be at least 1")
     collate = EvalCollator(encoder.tokenizer)
+    rank, world_size = world()
     batches = shard_batches(tokens.lengths, tokens.chars, batch_size, rank, world_size)
     device = next(encoder.parameters()).device
     share = f" (rank 0's share of {world_size} ranks)" if world_size > 1 else ""
@@ -109,7 +111,7 @@ def corpus_tokens(corpus: Sequence[str], encoder: Encoder, max_length: int) -> A
 
 
 def mine_texts(encoder: Encoder, queries: Sequence[str], corpus: Sequence[str], positives: Sequence[Sequence[int]],
-               options: MiningOptions, batch_size: int, max_length: int, rank: int = 0, world_size: int = 1,
+               options: MiningOptions, batch_size: int, max_length: int,
                autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext,
                timings: dict[str, float] | None = None) -> MinedNegatives:
     """Embed the queries (with the encoder's query prefix; gathered to every rank) and the corpus (doc prefix; kept
@@ -118,11 +120,10 @@ def mine_texts(encoder: Encoder, queries: Sequence[str], corpus: Sequence[str], 
     timings = {} if timings is None else timings
     start = time.perf_counter()
     prefix = getattr(encoder, "query_prefix", "")
-    local, index = embed_texts(encoder, [prefix + q for q in queries], batch_size, max_length, rank, world_size,
-                               autocast, "queries")
+    local, index = embed_texts(encoder, [prefix + q for q in queries], batch_size, max_length, autocast, "queries")
     query_emb = gather_embeddings(local, index, len(queries))
-    corpus_emb, corpus_index = embed_tokens(encoder, corpus_tokens(corpus, encoder, max_length), batch_size, rank,
-                                            world_size, autocast, "corpus")
+    corpus_emb, corpus_index = embed_tokens(encoder, corpus_tokens(corpus, encoder, max_length), batch_size, autocast,
+                                            "corpus")
     timings["embed_s"] = time.perf_counter() - start
     # the shard is ours: scaled to unit rows in place, not copied (the largest array of the run)
     mined = mine_negatives(query_emb, corpus_emb, corpus_index, len(corpus), positives, options, overwrite_corpus=True)

@@ -50,13 +50,15 @@ class NegativePool:
     """The pools of one run folder, as the training dataset sees them: which is active for an epoch, and a row's
     negatives in it. Picklable (DataLoader workers get a copy that opens the memory maps itself)."""
 
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, negatives_per_row: int) -> None:
         self.folder = Path(folder)
+        self.negatives_per_row = negatives_per_row  # what each re-mine finds per row at most (mine.num_negatives)
         self._active: dict[int, int | None] = {}  # epoch -> epoch of its pool, looked up once per epoch
         self._arrays: dict[int, np.ndarray] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"folder": self.folder, "_active": {}, "_arrays": {}}  # memory maps are reopened where used
+        # memory maps are reopened where used
+        return {"folder": self.folder, "negatives_per_row": self.negatives_per_row, "_active": {}, "_arrays": {}}
 
     def epochs(self) -> list[int]:
         """Epochs with a complete pool, ascending."""

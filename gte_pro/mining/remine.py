@@ -49,13 +49,13 @@ def training_corpus(table: Any) -> tuple[
 
 class RemineNegatives(Callback):
     """Mines a fresh negative pool at the start of every ``every_n_epochs``-th epoch (and of epoch 0 with
-    ``at_start``) into ``folder``; the data module's training dataset draws from it."""
+    ``at_start``) into ``folder``; the data module, built with ``negative_pool=callback.pool``, draws from it."""
 
     def __init__(self, folder: str | Path, options: MiningOptions, every_n_epochs: int = 1, at_start: bool = False,
                  batch_size: int = 128, max_length: int = 256) -> None:
         if every_n_epochs < 0:
             raise ConfigError(f"data.remine.every_n_epochs must be >= 0 (0: off), got {every_n_epochs}")
-        self.pool = NegativePool(folder)
+        self.pool = NegativePool(folder, options.num_negatives)
         self.options = options
         self.every_n_epochs = every_n_epochs
         self.at_start = at_start
@@ -73,15 +73,12 @@ class RemineNegatives(Callback):
         if stage != "fit":
             return
         datamodule = trainer.datamodule
-        if getattr(datamodule, "num_negatives_setting", 0) is None:
-            # data.num_negatives=null is "as many as the rows carry": a re-mined row carries mine.num_negatives
-            datamodule.num_negatives = max(datamodule.num_negatives or 0, self.options.num_negatives)
-            log.info("remine: %d hard negative(s) per row (data.num_negatives=null: the most of the file's rows and "
-                     "mine.num_negatives=%d)", datamodule.num_negatives, self.options.num_negatives)
         if not getattr(datamodule, "num_negatives", 0):
             raise ConfigError("data.remine needs hard negatives to draw: set data.num_negatives > 0 or null "
                              f"(now {getattr(datamodule, 'num_negatives', None)})")
-        datamodule.negative_pool = self.pool
+        if getattr(datamodule, "negative_pool", None) is not self.pool:
+            raise RuntimeError("data.remine: build the data module with negative_pool=<this callback>.pool "
+                               "(gte_pro.modes.build.build_data_for)")
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         epoch = trainer.datamodule.next_train_epoch()
@@ -129,7 +126,6 @@ class RemineNegatives(Callback):
         encoder = pl_module.encoder
         # the encoder's prompts are added by mine_texts; inference mode, the trainer's precision, sharded over ranks
         mined = mine_texts(encoder, queries, corpus, positives, self.options, self.batch_size, self.max_length,
-                           trainer.global_rank, trainer.world_size,
                            autocast=trainer.strategy.precision_plugin.forward_context)
         indices = mined.indices.cpu().numpy()
         pool = np.where(indices[..., None] >= 0, refs[np.clip(indices, 0, None)], -1)

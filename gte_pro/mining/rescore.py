@@ -39,6 +39,7 @@ from gte_pro.mining.options import MiningOptions
 from gte_pro.mining.problem import MiningCorpus
 from gte_pro.models.teacher import Teacher
 from gte_pro.retrieval import all_gather_rows
+from gte_pro.utils.distributed import world
 from gte_pro.utils.progress import Progress
 
 
@@ -89,11 +90,13 @@ def select_rescored(ids: torch.Tensor, scores: torch.Tensor, positive: torch.Ten
 
 # --- scoring, sharded ----------------------------------------------------------------------------------------------
 def score_pairs(teacher: Teacher, pair_texts: Callable[[np.ndarray], tuple[list[str], list[str]]], chars: np.ndarray,
-                batch_size: int, rank: int = 0, world_size: int = 1, device: Any = "cpu") -> torch.Tensor:
+                batch_size: int, device: Any = "cpu") -> torch.Tensor:
     """The teacher's score of every pair (n,) float32 on the CPU, on every rank (collective under
-    torch.distributed). ``pair_texts(indices)``: (queries, documents) of those pairs; ``chars``: each pair's
-    length, which orders the batches (see the module doc)."""
+    torch.distributed: each rank of ``world()`` scores its share of the batches). ``pair_texts(indices)``:
+    (queries, documents) of those pairs; ``chars``: each pair's length, which orders the batches (see the module
+    doc)."""
     order = np.lexsort((np.arange(len(chars)), -np.asarray(chars, dtype=np.int64)))
+    rank, world_size = world()
     batches = [order[start : start + batch_size] for start in range(rank * batch_size, len(order),
                                                                     world_size * batch_size)]
     count = sum(map(len, batches))
@@ -128,7 +131,7 @@ def corpus_chars(corpus: Sequence[str]) -> np.ndarray:
 
 def rescore_window(teacher: Teacher, queries: Sequence[str], corpus: Sequence[str],
                    positives: Sequence[Sequence[int]], window: MinedNegatives, options: MiningOptions,
-                   batch_size: int, rank: int = 0, world_size: int = 1, device: Any = "cpu",
+                   batch_size: int, device: Any = "cpu",
                    held_out: Sequence[Any] = ()) -> tuple[MinedNegatives, Rescored]:
     """The teacher's judgement of ``window`` (the embedder's candidates, ``window_options``): the kept negatives
     with the teacher's scores (``MinedNegatives``: ``positive_scores`` the lowest positive teacher score a query,
@@ -156,7 +159,7 @@ def rescore_window(teacher: Teacher, queries: Sequence[str], corpus: Sequence[st
                  else (held_query[i - mined_pairs], held_doc[i - mined_pairs]) for i in batch.tolist()]
         return [q for q, _ in pairs], [d for _, d in pairs]
 
-    scores = score_pairs(teacher, pair_texts, chars, batch_size, rank, world_size, device)
+    scores = score_pairs(teacher, pair_texts, chars, batch_size, device)
     positive = torch.full((len(queries),), math.inf).scatter_reduce(
         0, torch.from_numpy(pos_query), scores[: len(pos_query)], reduce="amin")
     positive = torch.where(torch.isinf(positive), math.nan, positive)

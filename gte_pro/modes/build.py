@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from hydra.utils import instantiate
+from lightning.fabric import Fabric
 from lightning.pytorch import Callback, Trainer, seed_everything
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
@@ -19,6 +20,7 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
 from gte_pro.config.cross_keys import DISTILL_LOSSES
+from gte_pro.data.configured import build_datamodule
 from gte_pro.errors import ConfigError
 from gte_pro.launch.checkpoint_io import AtomicCheckpointIO
 from gte_pro.launch.environment import cpu_has_native_bf16, emulated_bf16_warning
@@ -72,20 +74,24 @@ def start_run(cfg: DictConfig) -> Path:
     return output_dir
 
 
-def build_datamodule(cfg: DictConfig, tokenizer: Any, query_prefix: str = "", doc_prefix: str = "") -> Any:
-    """The configured data module (``data/``), tokenizing with ``tokenizer`` and the model's prompts."""
-    return instantiate(cfg.data, tokenizer=tokenizer, query_prefix=query_prefix, doc_prefix=doc_prefix,
-                       seed=cfg.seed)
+def task_collaborators(module: TrainingModule) -> dict[str, Any]:
+    """What a task's module hands its data module: a reranker's joining of (query, document) ids and the
+    candidates its validation reranks; nothing for an embedder."""
+    if isinstance(module, RerankModule):
+        return {"pair_join": module.encoder.pairs, "candidates": module.validation_candidates}
+    return {}
 
 
-def build_data_for(cfg: DictConfig, model: Encoder | CrossEncoder) -> Any:
-    """The data module for training ``model``: a reranker's batches are its own joined (query, document) pairs."""
-    datamodule = build_datamodule(cfg, model.tokenizer, model.query_prefix, model.doc_prefix)
-    if isinstance(model, CrossEncoder):
-        datamodule.pair_join = model.pairs
-    if cfg.get("mode", "train") == "train":  # the loss trains on these rows (mode=eval only validates)
-        datamodule.distill_loss = DISTILL_LOSSES.get(str(OmegaConf.select(cfg, "loss._target_", default="")))
-    return datamodule
+def build_data_for(cfg: DictConfig, module: TrainingModule, **collaborators: Any) -> Any:
+    """The data module for ``module``'s task (a reranker's batches are its own joined pairs, its validation sets
+    its candidates), with ``collaborators`` (``negative_pool``, ``eval_sets``) besides. A distillation loss's
+    name goes along when it trains on these rows (mode=eval only validates), so that rows without teacher scores
+    or negatives are refused once read."""
+    encoder = module.encoder
+    if cfg.get("mode", "train") == "train":
+        collaborators["distill_loss"] = DISTILL_LOSSES.get(str(OmegaConf.select(cfg, "loss._target_", default="")))
+    return build_datamodule(cfg, encoder.tokenizer, encoder.query_prefix, encoder.doc_prefix,
+                            **task_collaborators(module), **collaborators)
 
 
 def build_strategy(cfg: DictConfig) -> Any:
@@ -116,6 +122,40 @@ def build_trainer(cfg: DictConfig, callbacks: list[Callback], loggers: list[Logg
     if warning and trainer.is_global_zero:
         log.warning(warning)
     return trainer
+
+
+# strategy/ options that name a Trainer's strategy class -> Fabric's class with the same options
+FABRIC_STRATEGIES = {"lightning.pytorch.strategies.DDPStrategy": "lightning.fabric.strategies.DDPStrategy"}
+
+
+def build_fabric(cfg: DictConfig) -> Fabric:
+    """A Lightning Fabric for the modes that train nothing (mine, score): the trainer's accelerator, devices, nodes
+    and precision, and the same strategy (strategy=ddp: Fabric's DDP with the same options), so Lightning's
+    connector finds the cluster environment (SLURM, torchrun, ...) and starts DDP's other ranks as the Trainer does
+    (``gte_pro.launch.relaunch`` under Hydra). ``fabric.launch()`` starts them."""
+    strategy: Any = cfg.strategy.get("name", "auto")
+    if "_target_" in cfg.strategy:
+        target = FABRIC_STRATEGIES.get(cfg.strategy._target_)
+        if target is None:
+            raise ConfigError(f"mode={cfg.get('mode')}: strategy {cfg.strategy._target_} is not supported (every "
+                              "rank embeds or scores with the whole weights); use strategy=ddp")
+        strategy = instantiate(cfg.strategy, _target_=target)
+    deterministic = cfg.trainer.get("deterministic")
+    if deterministic is not None:  # as Trainer(deterministic=...) sets it
+        torch.use_deterministic_algorithms(bool(deterministic), warn_only=deterministic == "warn")
+    fabric = Fabric(accelerator=cfg.trainer.get("accelerator", "auto"), devices=cfg.trainer.get("devices", "auto"),
+                    num_nodes=cfg.trainer.get("num_nodes", 1), precision=cfg.trainer.precision, strategy=strategy)
+    warning = emulated_bf16_warning(cfg.trainer.precision, fabric.device.type == "cpu",
+                                    cpu_has_native_bf16())
+    if warning and fabric.is_global_zero:
+        log.warning(warning)
+    return fabric
+
+
+def on_device(fabric: Fabric, module: torch.nn.Module) -> Any:
+    """``module`` in ``fabric``'s precision (bf16-true, ...) and on its device, as ``Trainer.validate`` prepares a
+    module (nothing trains: no DDP wrapper)."""
+    return fabric.to_device(fabric.strategy.precision.convert_module(module))
 
 
 def module_config(cfg: DictConfig) -> dict[str, Any]:

@@ -22,25 +22,31 @@ from gte_pro.evaluation.report import HELD_OUT, merge_results, metrics_by_set, m
 from gte_pro.evaluation.sets import EvalDataModule, eval_set_specs, load_eval_sets
 from gte_pro.models.cross_encoder import CrossEncoder
 from gte_pro.models.encoder import Encoder
-from gte_pro.modes.build import build_data_for, build_encoder, build_module, build_trainer, start_run
+from gte_pro.modes.build import (
+    build_data_for,
+    build_encoder,
+    build_module,
+    build_trainer,
+    start_run,
+    task_collaborators,
+)
+from gte_pro.training.base_module import TrainingModule
 from gte_pro.utils.files import write_json_atomic, write_text_atomic
 from gte_pro.utils.timing import peak_rss_mb_per_rank
 
 log = logging.getLogger(__name__)
 
 
-def eval_datamodule(cfg: DictConfig, encoder: Encoder | CrossEncoder) -> LightningDataModule:
+def eval_datamodule(cfg: DictConfig, module: TrainingModule) -> LightningDataModule:
     """The BEIR sets of ``eval.beir``, or (none named) the configured data module's held-out split; a reranker's
     serve each query's candidate pairs."""
+    encoder = module.encoder
     sets = load_eval_sets(cfg, encoder.tokenizer, encoder.doc_prefix, encoder.max_length)
     if not sets:
-        return build_data_for(cfg, encoder)
-    datamodule = EvalDataModule(sets, encoder.tokenizer, batch_size=cfg.eval.batch_size,
-                                max_length=cfg.eval.max_length, query_prefix=encoder.query_prefix,
-                                doc_prefix=encoder.doc_prefix, num_workers=cfg.data.get("num_workers", 0))
-    if isinstance(encoder, CrossEncoder):
-        datamodule.pair_join = encoder.pairs
-    return datamodule
+        return build_data_for(cfg, module)
+    return EvalDataModule(sets, encoder.tokenizer, batch_size=cfg.eval.batch_size, max_length=cfg.eval.max_length,
+                          query_prefix=encoder.query_prefix, doc_prefix=encoder.doc_prefix,
+                          num_workers=cfg.data.get("num_workers", 0), **task_collaborators(module))
 
 
 def _set_details(cfg: DictConfig, datamodule: Any) -> dict[str, dict[str, Any]]:
@@ -58,8 +64,8 @@ def evaluate(cfg: DictConfig) -> float | None:
     """Evaluate ``cfg.model`` as configured; write ``metrics.json`` + ``metrics.md``; return the optimized metric."""
     output_dir = start_run(cfg)
     encoder = build_encoder(cfg)
-    datamodule = eval_datamodule(cfg, encoder)
     module = build_module(cfg, encoder)
+    datamodule = eval_datamodule(cfg, module)
     # no checkpointing, early stopping or loggers: nothing is trained
     trainer = build_trainer(cfg, callbacks=[], loggers=[])
     start = time.perf_counter()

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gte_pro.errors import ConfigError
 from gte_pro.evaluation.report import merge_results, metrics_table, optimized_value
-from gte_pro.evaluation.sets import attach_eval_sets
+from gte_pro.evaluation.sets import eval_set_source
 from gte_pro.export.cross_encoder import export_cross_encoder, release_reranker
 from gte_pro.export.release import check_export_requirements, release
 from gte_pro.export.writers import export_sentence_transformers
@@ -156,16 +156,17 @@ def set_up(cfg: DictConfig, times: PhaseTimes) -> Run:
 
     memory = plan_memory(cfg)  # before the weights load: a run that cannot fit stops here, with what would fit
     encoder = build_encoder(cfg)
-    datamodule = build_data_for(cfg, encoder)
-    attach_eval_sets(datamodule, cfg)  # eval.beir: validated (and logged) next to the held-out split
     module = build_module(cfg, encoder)
+    remine = remine_callback(cfg, output_dir)
+    # eval.beir: validated (and logged) next to the held-out split; data.remine: the pool the training rows draw from
+    datamodule = build_data_for(cfg, module, eval_sets=eval_set_source(cfg),
+                                negative_pool=remine.pool if remine is not None else None)
     _log_parameters(encoder)
     configured = instantiate_dict(cfg.get("callbacks"))
     validation = ValidationRecord()
     callbacks = [*configured, validation]
     if under_submitit():
         callbacks.append(PreemptionCheckpoint(output_dir))
-    remine = remine_callback(cfg, output_dir)
     if remine is not None:
         callbacks.append(remine)
     loggers = instantiate_dict(cfg.get("logger"))

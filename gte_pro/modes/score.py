@@ -5,11 +5,11 @@
 
 Each row's (query, positive) and (query, negative) pairs are scored by ``score.teacher`` (a cross-encoder's logit,
 an embedder's cosine; ``gte_pro.models.teacher``) and the row is written back unchanged plus ``pos_scores`` and
-``neg_scores``. Like mining, the run goes through the project's trainer, so ``strategy=ddp devices=N`` starts N
-processes; each scores its share of the input's fixed shards (``gte_pro.scoring``), which land in
-``<run dir>/score_shards/`` as they finish. The same command in the same run folder (``hydra.run.dir=<run dir>``)
-after a kill scores only the missing shards; the output is the same bytes for any number of processes and after
-any number of restarts.
+``neg_scores``. Like mining, the run goes through Lightning Fabric with the trainer's devices, precision and
+strategy (``gte_pro.modes.build.build_fabric``), so ``strategy=ddp devices=N`` starts N processes; each scores its
+share of the input's fixed shards (``gte_pro.scoring``), which land in ``<run dir>/score_shards/`` as they finish.
+The same command in the same run folder (``hydra.run.dir=<run dir>``) after a kill scores only the missing shards;
+the output is the same bytes for any number of processes and after any number of restarts.
 
 Writes (rank 0) ``score.output`` (default ``<run dir>/scored.jsonl``), ``score_report.json``, ``score_report.md``
 and ``score_hist.png`` in the run folder.
@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
-from lightning.pytorch import LightningDataModule, LightningModule
+import torch
+from lightning.fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
-from torch.utils.data import DataLoader
 
 from gte_pro.errors import ConfigError, MissingModelError
 from gte_pro.models.teacher import Teacher, load_teacher
-from gte_pro.modes.build import build_trainer, start_run
+from gte_pro.modes.build import build_fabric, on_device, start_run
 from gte_pro.scoring.core import ShardPlan, plan_shards, score_rank, teacher_settings
 from gte_pro.scoring.report import write_score_outputs
 from gte_pro.scoring.shards import ShardFolder
@@ -37,40 +36,21 @@ from gte_pro.utils.timing import peak_rss_mb_per_rank
 JSONL_DATA = "gte_pro.data.jsonl.JsonlDataModule"
 
 
-class ScoringData(LightningDataModule):
-    """One placeholder validation batch per rank: it only makes Lightning run the module's validation hooks, where
-    the scoring happens (the input is read by ``gte_pro.scoring``, not by a data module)."""
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader([0], batch_size=1)
-
-
-class ScoringModule(LightningModule):
-    """Plans the shards and scores this rank's share once the process group exists and the teacher is on its
-    device; the ranks wait for each other after planning (so that no rank counts another's new shard as an old one)
-    and after scoring (so that rank 0 finds every shard)."""
-
-    def __init__(self, teacher: Teacher, source: str, shards: ShardFolder, batch_size: int, shard_rows: int) -> None:
-        super().__init__()
-        self.teacher = teacher
-        if isinstance(getattr(teacher, "model", None), nn.Module):
-            self.teacher_model = teacher.model  # a submodule: Lightning moves it and applies the precision
-        self.source, self.shards, self.batch_size, self.shard_rows = source, shards, batch_size, shard_rows
-        self.plan: ShardPlan | None = None
-        self.timing: dict[str, float] = {}
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        return None
-
-    def on_validation_epoch_end(self) -> None:
-        self.teacher.to(self.device)
-        self.shards.prepare()
-        self.plan = plan_shards(self.source, self.shard_rows, self.shards)
-        self.trainer.strategy.barrier()
-        self.timing = score_rank(self.teacher, self.source, self.shard_rows, self.batch_size, self.shards, self.plan,
-                                 self.global_rank, self.trainer.world_size,
-                                 self.trainer.precision_plugin.forward_context)
-        self.trainer.strategy.barrier()
+def score_shards(fabric: Fabric, teacher: Teacher, source: str, shards: ShardFolder, batch_size: int,
+                 shard_rows: int) -> tuple[ShardPlan, dict[str, float]]:
+    """Plans the shards and scores this rank's share with the teacher on its device in the run's precision; the
+    ranks wait for each other after planning (so that no rank counts another's new shard as an old one) and after
+    scoring (so that rank 0 finds every shard). The plan, and this rank's pairs and seconds."""
+    if isinstance(getattr(teacher, "model", None), nn.Module):
+        on_device(fabric, teacher.model)  # the run's precision (bf16-true, ...), as for a module
+    teacher.to(fabric.device)
+    shards.prepare()
+    plan = plan_shards(source, shard_rows, shards)
+    fabric.barrier()
+    with torch.inference_mode():
+        timing = score_rank(teacher, source, shard_rows, batch_size, shards, plan, fabric.autocast)
+    fabric.barrier()
+    return plan, timing
 
 
 def input_file(cfg: DictConfig) -> Path:
@@ -105,19 +85,17 @@ def score(cfg: DictConfig) -> None:
         raise MissingModelError(f"score.teacher={options.teacher}: {str(err).split(': ', 1)[-1]}") from err
     settings = teacher_settings(teacher, max_length, batch_size, shard_rows, str(cfg.trainer.precision))
     shards = ShardFolder(output_dir / "score_shards", settings)
-    module = ScoringModule(teacher, str(source), shards, batch_size, shard_rows)
-    trainer = build_trainer(cfg, callbacks=[], loggers=[])  # nothing is trained: no checkpoints, no loggers
+    fabric = build_fabric(cfg)  # nothing is trained: no checkpoints, no loggers
     start = time.perf_counter()
-    trainer.validate(module, datamodule=ScoringData(), verbose=False)
+    fabric.launch()
+    plan, _ = score_shards(fabric, teacher, str(source), shards, batch_size, shard_rows)
     seconds = time.perf_counter() - start
     peaks = peak_rss_mb_per_rank()
-    if trainer.is_global_zero:
-        plan = module.plan
-        assert plan is not None
+    if fabric.is_global_zero:
         markers = shards.markers(plan.shards)
         shards.assemble(output, markers)
         details = {"teacher": teacher.name_or_path, "kind": teacher.kind, "input": str(source),
-                   "world_size": trainer.world_size, "precision": str(cfg.trainer.precision),
+                   "world_size": fabric.world_size, "precision": str(cfg.trainer.precision),
                    "max_length": max_length, "batch_size": batch_size, "shard_rows": shard_rows,
                    "shards_scored": plan.shards - sum(plan.done), "shards_reused": sum(plan.done),
                    "pairs_scored": plan.pending_pairs, "seconds": round(seconds, 3),

@@ -29,6 +29,7 @@ from gte_pro.data.records import MAX_TEXT_CHARS, clean_text
 from gte_pro.errors import ConfigError, DataError
 from gte_pro.models.teacher import Teacher
 from gte_pro.scoring.shards import Shard, ShardFolder, iter_shards
+from gte_pro.utils.distributed import world
 
 log = logging.getLogger(__name__)
 LOG_EVERY_S = 10.0
@@ -117,10 +118,11 @@ def score_shard(teacher: Teacher, shard: Shard, batch_size: int, source: str,
 
 
 def score_rank(teacher: Teacher, path: str | Path, shard_rows: int, batch_size: int, shards: ShardFolder,
-               plan: ShardPlan, rank: int, world_size: int,
-               context: Callable[[], Any] = contextlib.nullcontext) -> dict[str, float]:
-    """Score this rank's missing shards (``index % world_size == rank``), writing each as it is done; rank 0 logs
-    its progress (shards done of its share, pairs per second). Returns this rank's pairs and seconds."""
+               plan: ShardPlan, context: Callable[[], Any] = contextlib.nullcontext) -> dict[str, float]:
+    """Score this rank's missing shards (``index % world_size == rank``, the ranks of ``world()``), writing each as
+    it is done; rank 0 logs its progress (shards done of its share, pairs per second). Returns this rank's pairs and
+    seconds."""
+    rank, world_size = world()
     mine = [i for i in range(plan.shards) if i % world_size == rank]
     pending = {i for i in mine if not plan.done[i]}
     start = last_log = time.perf_counter()

@@ -133,7 +133,7 @@ class ContrastiveLoss(nn.Module, abc.ABC):
     # whether ``_loss`` scores against every rank's queries (one more all_gather per step)
     needs_all_queries = False
 
-    def __init__(self, temperature: float = 0.05, gather_across_devices: bool = True,
+    def __init__(self, *, temperature: float = 0.05, gather_across_devices: bool = True,
                  mini_batch_size: int | None = None, max_skipped_steps: int = 10,
                  similarity: str = "cosine", matryoshka_dims: Sequence[int] | None = None,
                  matryoshka_weights: Sequence[float] | None = None) -> None:
@@ -211,13 +211,14 @@ class GTELoss(ContrastiveLoss):
     that term is often the largest in the partition function. conf/loss/gte.yaml has the measured defaults.
     """
 
-    def __init__(self, temperature: float = 0.02, mask_own_negatives: bool = False,
+    def __init__(self, *, temperature: float = 0.02, mask_own_negatives: bool = False,
                  gather_across_devices: bool = True, mini_batch_size: int | None = None,
                  max_skipped_steps: int = 10, similarity: str = "cosine",
                  matryoshka_dims: Sequence[int] | None = None,
                  matryoshka_weights: Sequence[float] | None = None) -> None:
-        super().__init__(temperature, gather_across_devices, mini_batch_size, max_skipped_steps, similarity,
-                         matryoshka_dims, matryoshka_weights)
+        super().__init__(temperature=temperature, gather_across_devices=gather_across_devices,
+                         mini_batch_size=mini_batch_size, max_skipped_steps=max_skipped_steps, similarity=similarity,
+                         matryoshka_dims=matryoshka_dims, matryoshka_weights=matryoshka_weights)
         self.mask_own_negatives = mask_own_negatives
 
     needs_all_queries = True

@@ -31,12 +31,13 @@ class _DistillationLoss(InfoNCELoss):
 
     name = ""
 
-    def __init__(self, temperature: float = 0.05, weight_infonce: float = 0.0, gather_across_devices: bool = True,
+    def __init__(self, *, temperature: float = 0.05, weight_infonce: float = 0.0, gather_across_devices: bool = True,
                  mini_batch_size: int | None = None, max_skipped_steps: int = 10, similarity: str = "cosine",
                  matryoshka_dims: Sequence[int] | None = None,
                  matryoshka_weights: Sequence[float] | None = None) -> None:
-        super().__init__(temperature, gather_across_devices, mini_batch_size, max_skipped_steps, similarity,
-                         matryoshka_dims, matryoshka_weights)
+        super().__init__(temperature=temperature, gather_across_devices=gather_across_devices,
+                         mini_batch_size=mini_batch_size, max_skipped_steps=max_skipped_steps, similarity=similarity,
+                         matryoshka_dims=matryoshka_dims, matryoshka_weights=matryoshka_weights)
         self.weight_infonce = float(weight_infonce)
 
     def _loss(self, batch: GlobalBatch) -> LossOutput:
@@ -84,12 +85,14 @@ class DistillKLLoss(_DistillationLoss):
 
     name = "distill_kl"
 
-    def __init__(self, temperature: float = 0.02, teacher_temperature: float = 1.0, weight_infonce: float = 1.0,
+    def __init__(self, *, temperature: float = 0.02, teacher_temperature: float = 1.0, weight_infonce: float = 1.0,
                  gather_across_devices: bool = True, mini_batch_size: int | None = None, max_skipped_steps: int = 10,
                  similarity: str = "cosine", matryoshka_dims: Sequence[int] | None = None,
                  matryoshka_weights: Sequence[float] | None = None) -> None:
-        super().__init__(temperature, weight_infonce, gather_across_devices, mini_batch_size, max_skipped_steps,
-                         similarity, matryoshka_dims, matryoshka_weights)
+        super().__init__(temperature=temperature, weight_infonce=weight_infonce,
+                         gather_across_devices=gather_across_devices, mini_batch_size=mini_batch_size,
+                         max_skipped_steps=max_skipped_steps, similarity=similarity, matryoshka_dims=matryoshka_dims,
+                         matryoshka_weights=matryoshka_weights)
         self.teacher_temperature = float(teacher_temperature)
 
     def distill(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
@@ -120,12 +123,14 @@ class MarginMSELoss(_DistillationLoss):
 
     name = "margin_mse"
 
-    def __init__(self, temperature: float = 0.05, weight_infonce: float = 0.0, gather_across_devices: bool = True,
+    def __init__(self, *, temperature: float = 0.05, weight_infonce: float = 0.0, gather_across_devices: bool = True,
                  mini_batch_size: int | None = None, max_skipped_steps: int = 10, similarity: str = "dot",
                  matryoshka_dims: Sequence[int] | None = None,
                  matryoshka_weights: Sequence[float] | None = None) -> None:
-        super().__init__(temperature, weight_infonce, gather_across_devices, mini_batch_size, max_skipped_steps,
-                         similarity, matryoshka_dims, matryoshka_weights)
+        super().__init__(temperature=temperature, weight_infonce=weight_infonce,
+                         gather_across_devices=gather_across_devices, mini_batch_size=mini_batch_size,
+                         max_skipped_steps=max_skipped_steps, similarity=similarity, matryoshka_dims=matryoshka_dims,
+                         matryoshka_weights=matryoshka_weights)
 
     def distill(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
         teacher_margin = teacher[:, :1] - teacher[:, 1:]

@@ -29,7 +29,7 @@ class ListwiseLoss(nn.Module):
     Training of BERT Rerankers in Multi-Stage Retrieval Pipeline" (the localised contrastive estimation loss).
     """
 
-    def __init__(self, temperature: float = 1.0, max_skipped_steps: int = 10) -> None:
+    def __init__(self, *, temperature: float = 1.0, max_skipped_steps: int = 10) -> None:
         super().__init__()
         self.temperature = float(temperature)
         self.max_skipped_steps = max_skipped_steps
@@ -52,7 +52,7 @@ class PointwiseBCELoss(nn.Module):
     ``pos_weight`` w weighs the positives (null: 1); k negatives per positive make k a common choice.
     """
 
-    def __init__(self, pos_weight: float | None = None, max_skipped_steps: int = 10) -> None:
+    def __init__(self, *, pos_weight: float | None = None, max_skipped_steps: int = 10) -> None:
         super().__init__()
         self.pos_weight = None if pos_weight is None else float(pos_weight)
         self.max_skipped_steps = max_skipped_steps

@@ -14,9 +14,11 @@ Large Transformer Models", count them; the coefficients measured here, see below
   saved tensors (two intermediate-sized ones for a plain MLP, four for a gated one: SwiGLU, GeGLU), plus
   ``12 * heads * length`` bytes where the attention probabilities are kept (eager attention, or sdpa with attention
   dropout on the CPU); with gradient checkpointing, each layer's fp32 input and one layer's activations, recomputed in
-  backward; with LoRA, the inputs of the frozen projections (output, MLP) are not kept. Tokens are the texts of one
-  forward (``loss.mini_batch_size`` under GradCache) at ``model.max_length``: an upper bound, as batches are padded
-  only to their longest text. The forward-backward peak is weights + optimizer
+  backward; with LoRA, the inputs of the frozen projections (output, MLP) are not kept. Tokens: ``Setup.pieces``,
+  the (texts, padded length) pieces of the data's largest step (:mod:`gte_pro.training.data_lengths`: its query and
+  document forwards, in length chunks, or its largest GradCache mini-batch); without them, the texts of one forward
+  (``loss.mini_batch_size`` under GradCache) at ``model.max_length``: the worst case, as batches are padded only
+  to their longest text. The forward-backward peak is weights + optimizer
   state + autocast copies + 1.15x the activations (backward's temporaries).
 - **FSDP** over n devices: weights, gradients, optimizer state and step temporaries divided by n, plus two gathered
   transformer blocks (the one running and the one prefetched) in the compute dtype.
@@ -76,6 +78,11 @@ class Setup:
     shards: int = 1  # FSDP's world size (1: not sharded)
     eager_attention: bool = False
     cuda: bool = False
+    # the forwards whose activations one step keeps, as (texts, padded tokens) pieces: the largest step of the data
+    # (gte_pro.training.data_lengths); empty: ``texts`` at ``tokens_per_text``, every text at full length
+    pieces: tuple[tuple[int, int], ...] = ()
+    rows: int = 0  # data.batch_size: rows per device and step
+    mini_batch: int | None = None  # loss.mini_batch_size (GradCache)
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,7 @@ class MemoryPlan:
     activations: float
     gathered: float
     context: float
+    full_length_peak: float = 0.0  # beside a data-based plan: the peak with every text at model.max_length
 
     @property
     def forward_backward(self) -> float:
@@ -129,8 +137,9 @@ def _half_activations(precision: str) -> bool:
     return "mixed" in precision or precision in ("bf16-true", "16-true")
 
 
-def activation_bytes_per_text(shape: ModelShape, setup: Setup) -> float:
-    """Saved activations of one text at ``setup.tokens_per_text`` tokens, through every layer."""
+def _per_text_parts(shape: ModelShape, setup: Setup, tokens: int) -> tuple[float, float]:
+    """Saved activations of one text at ``tokens`` tokens: (what the step keeps through every layer, what backward
+    recomputes one layer at a time: only with gradient checkpointing)."""
     c_h, c_plain, c_gated = ACTIVATION_BYTES["mixed" if _half_activations(setup.precision) else "32"]
     scale = 2.0 if setup.precision.startswith("64") else 1.0
     per_layer = c_h * shape.hidden + (c_gated if shape.gated_mlp else c_plain) * shape.intermediate
@@ -138,11 +147,21 @@ def activation_bytes_per_text(shape: ModelShape, setup: Setup) -> float:
         per_layer -= (2 * shape.hidden + shape.intermediate) * (2 if _half_activations(setup.precision) else 4)
     keeps_probs = setup.eager_attention or (not setup.cuda and shape.attention_dropout > 0)
     if keeps_probs:
-        per_layer += ATTENTION_PROBS_BYTES * shape.heads * setup.tokens_per_text
-    per_layer *= scale * setup.tokens_per_text
+        per_layer += ATTENTION_PROBS_BYTES * shape.heads * tokens
+    per_layer *= scale * tokens
     if setup.checkpointing:  # each layer's input (the fp32 residual stream) and one layer at a time in backward
-        return (shape.layers + 2) * setup.tokens_per_text * shape.hidden * 4 * scale + per_layer
-    return shape.layers * per_layer
+        return (shape.layers + 2) * tokens * shape.hidden * 4 * scale, per_layer
+    return shape.layers * per_layer, 0.0
+
+
+def activation_bytes(shape: ModelShape, setup: Setup) -> float:
+    """The activations one step keeps: ``setup.pieces`` (each (texts, padded tokens) of a forward, all kept for
+    backward; with checkpointing, their layer inputs and one piece's layer recomputed at a time), else
+    ``setup.texts`` at ``setup.tokens_per_text``."""
+    pieces = setup.pieces or ((setup.texts, setup.tokens_per_text),)
+    parts = [(texts * kept, texts * again)
+             for texts, tokens in pieces for kept, again in [_per_text_parts(shape, setup, tokens)]]
+    return sum(kept for kept, _ in parts) + max(again for _, again in parts)
 
 
 def estimate(shape: ModelShape, setup: Setup) -> MemoryPlan:
@@ -159,7 +178,7 @@ def estimate(shape: ModelShape, setup: Setup) -> MemoryPlan:
         gradients=shape.trainable * state / shards,
         optimizer=2.0 * shape.trainable * state / shards,
         step_temporaries=STEP_TEMPORARIES * shape.trainable * state / shards,
-        activations=setup.texts * activation_bytes_per_text(shape, setup),
+        activations=activation_bytes(shape, setup),
         gathered=gathered,
         context=CUDA_CONTEXT if setup.cuda else 0.0,
     )
@@ -214,10 +233,21 @@ def meta_backbone(model_cfg: Any, task: str = "embed") -> torch.nn.Module:
     return with_lora(backbone, dict(lora)) if lora else backbone
 
 
-def setup_of(cfg: Any, cuda: bool) -> Setup:
-    """The per-device work of the composed config ``cfg``."""
+def negatives_of(cfg: Any) -> int:
+    """Hard negatives per row as the config alone tells: data.num_negatives, or for null (as many as the rows
+    carry, unknown before they are read) at least what re-mining finds (mine.num_negatives), else 0."""
+    setting = cfg.data.get("num_negatives")
+    if setting is not None:
+        return int(setting)
+    remine = cfg.data.get("remine") or {}
+    return int(cfg.mine.num_negatives) if (remine.get("every_n_epochs") or remine.get("at_start")) else 0
+
+
+def setup_of(cfg: Any, cuda: bool, num_negatives: int | None = None) -> Setup:
+    """The per-device work of the composed config ``cfg``; ``num_negatives``: per row, where the data told it."""
     task = str(cfg.get("task", "embed"))
-    per_row = 1 + int(cfg.data.get("num_negatives", 0) or 0) + (0 if task == "rerank" else 1)
+    negatives = negatives_of(cfg) if num_negatives is None else num_negatives
+    per_row = 1 + negatives + (0 if task == "rerank" else 1)
     texts = int(cfg.data.batch_size) * per_row
     mini_batch = cfg.get("loss", {}).get("mini_batch_size")
     if mini_batch:
@@ -225,6 +255,7 @@ def setup_of(cfg: Any, cuda: bool) -> Setup:
     strategy = str(cfg.get("strategy", {}).get("_target_", "") or "")
     shards = int(cfg.get("devices", 1)) * int(cfg.get("nodes", 1)) if strategy.endswith("FSDPStrategy") else 1
     return Setup(precision=str(cfg.trainer.precision), texts=texts, tokens_per_text=int(cfg.model.max_length),
+                 rows=int(cfg.data.batch_size), mini_batch=int(mini_batch) if mini_batch else None,
                  checkpointing=bool(cfg.model.get("gradient_checkpointing", False)),
                  lora=bool(cfg.model.get("lora")), shards=shards,
                  eager_attention=cfg.model.get("attn_implementation") == "eager", cuda=cuda)

@@ -17,11 +17,13 @@ import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from gte_pro.errors import ConfigError
+from gte_pro.training.data_lengths import DataLengths, data_lengths
 from gte_pro.training.memory import (
     GIB,
     MemoryPlan,
     ModelShape,
     Setup,
+    activation_bytes,
     estimate,
     gib,
     meta_backbone,
@@ -65,27 +67,63 @@ def budget_of(cfg: Any, cuda: bool) -> tuple[float | None, str]:
 
 def plan_memory(cfg: Any) -> MemoryPlan | None:
     """Print the estimate; raise :class:`MemoryBudgetError` when it does not fit. None when the model's config cannot
-    be read here (the model's loading then says why)."""
+    be read here (the model's loading then says why).
+
+    The figure judged is the peak of the batches the data will make (``gte_pro.training.data_lengths``: each text's
+    length from the token cache, batched by the training sampler, in the encoder's length chunks); every text at
+    ``model.max_length`` is printed beside it as the worst case, and judges only where the data's batches cannot be
+    read before training (``data_lengths`` says where)."""
     try:
         shape = shape_of(meta_backbone(cfg.model, str(cfg.get("task", "embed"))))
     except (OSError, ValueError) as error:
         log.debug("memory estimate skipped: %s", error)
         return None
     cuda = uses_cuda(cfg)
-    setup = setup_of(cfg, cuda)
-    plan = estimate(shape, setup)
+    data = data_lengths(cfg, cuda)
+    setup = setup_of(cfg, cuda, data.datamodule.num_negatives if data is not None else None)
+    worst = estimate(shape, setup)
+    plan, batch = judged(shape, setup, data)
     budget, source = budget_of(cfg, cuda)
     of_budget = f" of {gib(budget)} ({source})" if budget else ""
-    rank_zero_only(log.info)("memory per device (estimated, %d texts x %d tokens per forward): %s%s; %s",
-                             setup.texts, setup.tokens_per_text, gib(plan.peak), of_budget, plan.parts())
+    say = rank_zero_only(log.info)
+    if batch is None:
+        say("memory per device (estimated, %d texts x %d tokens per forward): %s%s; %s", setup.texts,
+            setup.tokens_per_text, gib(plan.peak), of_budget, plan.parts())
+    else:
+        say("memory per device (estimated for this data's largest batch, %s): %s%s; %s; at full length (the worst "
+            "case, %d texts x %d tokens per forward): %s", batch, gib(plan.peak), of_budget, plan.parts(),
+            setup.texts, setup.tokens_per_text, gib(worst.peak))
     if budget is not None and plan.peak > budget:
-        raise MemoryBudgetError(refusal(plan, budget, source, fitting_options(shape, setup, budget, cfg)))
-    return plan
+        options = fitting_options(shape, setup, budget, cfg, data)
+        raise MemoryBudgetError(refusal(plan, budget, source, options, batch))
+    if budget is not None and worst.peak > budget and batch is not None:
+        rank_zero_only(log.warning)(
+            "memory: starting, as this data's largest batch (%s) needs about %s per device, within %s (%s); "
+            "%d texts of %d tokens each would need %s", batch, gib(plan.peak), gib(budget), source, setup.texts,
+            setup.tokens_per_text, gib(worst.peak))
+    return replace(plan, full_length_peak=worst.peak) if batch is not None else plan
 
 
-def refusal(plan: MemoryPlan, budget: float, source: str, options: list[tuple[str, float]]) -> str:
+def judged(shape: ModelShape, setup: Setup, data: DataLengths | None) -> tuple[MemoryPlan, str | None]:
+    """The plan of ``setup`` for the data's largest step (and that step in words), or with every text at full
+    length where ``data`` is None (and None)."""
+    if data is None:
+        return estimate(shape, setup), None
+
+    def cost(pieces: tuple[tuple[int, int], ...]) -> float:
+        return activation_bytes(shape, replace(setup, pieces=pieces))
+
+    pieces, batch = data.largest(cost, setup.rows, setup.mini_batch)
+    if not pieces:
+        return estimate(shape, setup), None
+    return estimate(shape, replace(setup, pieces=pieces)), batch
+
+
+def refusal(plan: MemoryPlan, budget: float, source: str, options: list[tuple[str, float]],
+            batch: str | None = None) -> str:
     """The message of a run that does not fit (one line a part: the CLI joins them with '; ')."""
-    lines = [f"this run needs about {gib(plan.peak)} per device, more than {gib(budget)} ({source}) "
+    largest = f" for its largest batch ({batch})" if batch else ""
+    lines = [f"this run needs about {gib(plan.peak)} per device{largest}, more than {gib(budget)} ({source}) "
              f"[estimate, docs/models.md#memory: {plan.parts()}]"]
     if options:
         lines.append("options that fit (estimated peak):")
@@ -108,19 +146,22 @@ def _changes(shape: ModelShape, setup: Setup, cfg: Any) -> dict[str, Change]:
         changes["precision=bf16-mixed"] = lambda m, s: (m, replace(s, precision="bf16-mixed"))
     for mini_batch in (32, 8):
         changes[f"loss.mini_batch_size={mini_batch}"] = (
-            lambda m, s, n=mini_batch: None if s.texts <= n or s.shards > 1 else (m, replace(s, texts=n)))
+            lambda m, s, n=mini_batch: None if s.texts <= n or s.shards > 1 else (
+                m, replace(s, texts=n, mini_batch=n)))
     for devices in (2, 4, 8):
         if setup.cuda and torch.cuda.device_count() >= devices:
             changes[f"strategy=fsdp devices={devices}"] = lambda m, s, n=devices: (m, replace(s, shards=n))
     for smaller in (batch // 2, batch // 4):
         if smaller >= 1:
             changes[f"data.batch_size={smaller}"] = (
-                lambda m, s, b=smaller: (m, replace(s, texts=min(s.texts, b * per_row))))
+                lambda m, s, b=smaller: (m, replace(s, texts=min(s.texts, b * per_row), rows=b)))
     return changes
 
 
-def fitting_options(shape: ModelShape, setup: Setup, budget: float, cfg: Any, most: int = 6) -> list[tuple[str, float]]:
-    """Single overrides that fit, else pairs of them, each with its estimated peak (at most ``most``)."""
+def fitting_options(shape: ModelShape, setup: Setup, budget: float, cfg: Any, data: DataLengths | None = None,
+                    most: int = 6) -> list[tuple[str, float]]:
+    """Single overrides that fit, else pairs of them, each with its estimated peak (at most ``most``): for the
+    data's largest batch under the override where ``data`` is given."""
     changes = _changes(shape, setup, cfg)
     for size in (1, 2):
         found = []
@@ -130,7 +171,7 @@ def fitting_options(shape: ModelShape, setup: Setup, budget: float, cfg: Any, mo
             state: tuple[ModelShape, Setup] | None = (shape, setup)
             for name in names:
                 state = changes[name](*state) if state else None
-            if state is not None and (peak := estimate(*state).peak) <= budget:
+            if state is not None and (peak := judged(*state, data)[0].peak) <= budget:
                 found.append((" ".join(names), peak))
         if found:
             return found[:most]

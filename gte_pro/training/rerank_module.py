@@ -17,6 +17,7 @@ from gte_pro.retrieval import RetrievalSet
 from gte_pro.training.base_module import TrainingModule
 from gte_pro.training.rerank_validation import (
     ROWS,
+    ValidationCandidates,
     gather_pair_scores,
     reranked,
     retriever_candidates,
@@ -40,7 +41,8 @@ class RerankModule(TrainingModule):
         self.rerank_depth = int(rerank_depth)
         self.retriever_batch_size = int(retriever_batch_size)
         self._val_rows: dict[int, ValidationRows] = {}
-        self.candidates: list[list[list[int]]] | None = None  # per validation set, each query's candidates
+        # per validation set, each query's candidates: the data module serves them (modes.build hands it this)
+        self.validation_candidates = ValidationCandidates()
         self.retriever_metrics: list[dict[str, float]] = []  # per validation set: the candidates' own ranking
 
     @classmethod
@@ -61,15 +63,17 @@ class RerankModule(TrainingModule):
     # --- validation -------------------------------------------------------------------------------------------
     def setup(self, stage: str) -> None:
         """Once the data module is set up (and the process group exists): the candidates of every validation set,
-        handed to the data module, which serves them as pairs."""
+        which the data module (built with ``validation_candidates``) serves as pairs."""
         datamodule = self.trainer.datamodule
-        if self.candidates is None:
-            self.candidates = self._find_candidates(datamodule.validation_sets())
+        if datamodule.candidate_source is not self.validation_candidates:
+            raise RuntimeError("task=rerank: build the data module with candidates=module.validation_candidates "
+                               "(gte_pro.modes.build.build_data_for)")
+        if self.validation_candidates.found is None:
+            found = self._find_candidates(datamodule.validation_sets())
             self.retriever_metrics = [retrieval_metrics(retriever_ranking(candidates), retrieval.relevant)
-                                      for candidates, (_, retrieval) in zip(self.candidates,
-                                                                            datamodule.validation_sets(),
+                                      for candidates, (_, retrieval) in zip(found, datamodule.validation_sets(),
                                                                             strict=True)]
-        datamodule.candidates = self.candidates
+            self.validation_candidates.found = found
 
     def _find_candidates(self, sets: list[tuple[str, RetrievalSet]]) -> list[list[list[int]]]:
         if self.retriever == ROWS:
@@ -81,11 +85,9 @@ class RerankModule(TrainingModule):
         options = {"max_length": self.retriever_max_length} if self.retriever_max_length else {}
         # one padded pass: each rank's candidates must not depend on which rows share a batch there
         retriever = Encoder.load(self.retriever, length_chunks=1, **options).to(device)
-        rank, world_size = self.trainer.global_rank, self.trainer.world_size
         found = []
         for name, retrieval in sets:
-            found.append(retriever_candidates(retriever, retrieval, self.rerank_depth, self.retriever_batch_size,
-                                              rank, world_size))
+            found.append(retriever_candidates(retriever, retrieval, self.rerank_depth, self.retriever_batch_size))
             log.info("reranker validation %s: the top %d of %d documents by %s for each of %d queries",
                      name or "(held-out)", min(self.rerank_depth, len(retrieval.corpus)), len(retrieval.corpus),
                      self.retriever, len(retrieval.queries))
@@ -105,10 +107,9 @@ class RerankModule(TrainingModule):
 
     def on_validation_epoch_end(self) -> None:
         rows_by_loader, self._val_rows = self._val_rows, {}
-        assert self.candidates is not None, "setup() first"
         by_set: dict[str, dict[str, float]] = {}
         for index, (name, retrieval) in enumerate(self.trainer.datamodule.validation_sets()):
-            candidates = self.candidates[index]
+            candidates = self.validation_candidates.candidates(index)
             ids, scores = rows_by_loader.get(index, ValidationRows(0, 1, self.device)).filled()
             total = sum(len(c) for c in candidates)
             metrics = retrieval_metrics(reranked(candidates, gather_pair_scores(ids, scores[:, 0], total)),

@@ -32,20 +32,33 @@ log = logging.getLogger(__name__)
 ROWS = "rows"
 
 
+class ValidationCandidates:
+    """Each validation set's candidates (per query, its corpus positions): found by the reranker's module once the
+    process group exists (``RerankModule.setup``) and served by the data module as (query, candidate) pairs (its
+    ``candidates``: a ``gte_pro.data.collaborators.CandidateSource``, handed in when it is built)."""
+
+    def __init__(self) -> None:
+        self.found: list[list[list[int]]] | None = None
+
+    def candidates(self, index: int) -> list[list[int]]:
+        if self.found is None:
+            raise RuntimeError("the reranker's candidates are found in RerankModule.setup(), before validation")
+        return self.found[index]
+
+
 def retriever_candidates(retriever: Encoder, retrieval: RetrievalSet, depth: int, batch_size: int = 64,
-                         rank: int = 0, world_size: int = 1,
                          autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> list[list[int]]:
     """The ``depth`` best corpus entries of each query by the retriever's cosine (every rank: the same lists)."""
     queries = [retriever.query_prefix + q for q in retrieval.queries]
-    query_emb, query_index = embed_texts(retriever, queries, batch_size, retriever.max_length, rank, world_size,
-                                         autocast, what="queries")
+    query_emb, query_index = embed_texts(retriever, queries, batch_size, retriever.max_length, autocast,
+                                         what="queries")
     if hasattr(retrieval.corpus, "tokens_for"):  # a BEIR corpus kept as the reranker's token ids: the retriever's
         tokens = retrieval.corpus.tokens_for(retriever.tokenizer, retriever.max_length, retriever.doc_prefix)
-        shard_emb, shard_index = embed_tokens(retriever, tokens, batch_size, rank, world_size, autocast, "documents")
+        shard_emb, shard_index = embed_tokens(retriever, tokens, batch_size, autocast, "documents")
     else:
         corpus = [retriever.doc_prefix + d for d in retrieval.corpus]
-        shard_emb, shard_index = embed_texts(retriever, corpus, batch_size, retriever.max_length, rank, world_size,
-                                             autocast, what="documents")
+        shard_emb, shard_index = embed_texts(retriever, corpus, batch_size, retriever.max_length, autocast,
+                                             what="documents")
     all_queries = gather_embeddings(query_emb, query_index, len(queries))
     return sharded_rank(all_queries, shard_emb, shard_index, len(retrieval.corpus), depth).cpu().tolist()
 
