@@ -39,8 +39,8 @@ def modernbert(attention: str, args: argparse.Namespace) -> Encoder:
     fields = {"model_type": "modernbert", "hidden_size": args.hidden, "num_hidden_layers": args.layers,
               "num_attention_heads": args.hidden // 64, "intermediate_size": args.hidden * 3 // 2,
               "max_position_embeddings": 512, "global_attn_every_n_layers": 3, "local_attention": 128}
-    encoder = Encoder(packaged_minilm_path(), random_init_config=fields, pooling="cls",
-                      max_length=args.max_length, attn_implementation=attention)
+    encoder = Encoder.load(packaged_minilm_path(), random_init_config=fields, pooling="cls",
+                           max_length=args.max_length, attn_implementation=attention)
     return encoder.to(args.device).train()
 
 

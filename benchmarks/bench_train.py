@@ -30,7 +30,7 @@ not timed. A variant that fails (an exception, a non-zero exit, the OOM killer, 
 reason and the other variants go on.
 
 With ``--eval`` each trained model is saved in sentence-transformers layout and scored by one evaluator, in its own
-subprocess: ``gte_pro.models.encoder.Encoder(folder)`` embeds the held-out validation set of the composed data
+subprocess: ``gte_pro.models.encoder.Encoder.load(folder)`` embeds the held-out validation set of the composed data
 config (the demo corpus by default) and ``gte_pro.evaluation.metrics.evaluate_embeddings`` computes NDCG@10 and
 Recall@10. The untrained model is scored once for reference. The seed recipe's projection head has no
 sentence-transformers form: it is not scored.

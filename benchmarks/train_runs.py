@@ -21,8 +21,8 @@ def score_model(opts: argparse.Namespace) -> Result:
     from gte_pro.retrieval import RetrievalSet
 
     cfg = compose_cfg(opts)
-    encoder = Encoder(opts.model_dir or cfg.model.name_or_path, max_length=cfg.eval.max_length,
-                      query_prefix=cfg.model.query_prefix, doc_prefix=cfg.model.doc_prefix).to(device_of())
+    encoder = Encoder.load(opts.model_dir or cfg.model.name_or_path, max_length=cfg.eval.max_length,
+                           query_prefix=cfg.model.query_prefix, doc_prefix=cfg.model.doc_prefix).to(device_of())
     datamodule = build_datamodule(cfg, encoder.tokenizer, encoder.query_prefix, encoder.doc_prefix)
     datamodule.prepare_data()
     datamodule.setup("validate")

@@ -30,7 +30,7 @@ def tiny_encoder() -> Any:
     from gte_pro.models.encoder import Encoder
 
     torch.manual_seed(0)  # identical initial weights in every process
-    return Encoder(packaged_minilm_path(), random_init_config=TINY, max_length=32).double()
+    return Encoder.load(packaged_minilm_path(), random_init_config=TINY, max_length=32).double()
 
 
 class _Step(torch.nn.Module):

@@ -30,7 +30,7 @@ def options(group: str) -> list[str]:
 def test_reranker_options_compose_with_task_rerank_and_pass_the_checks(make_cfg, option):
     extra = ["model.name_or_path=/somewhere"] if option == "cross_encoder" else []
     cfg = make_cfg(["task=rerank", f"model={option}", *extra])
-    assert cfg.model._target_ == "gte_pro.models.cross_encoder.CrossEncoder" and cfg.model.lr > 0
+    assert cfg.model._target_ == "gte_pro.models.cross_encoder.CrossEncoder.load" and cfg.model.lr > 0
     assert cfg.loss._target_ == "gte_pro.training.losses_rerank.ListwiseLoss" and cfg.data.num_negatives == 7
     assert config_problems(cfg) == []
 
@@ -48,7 +48,7 @@ def test_every_group_has_options_and_the_defaults_compose(make_cfg):
 def test_model_options(make_cfg, option):
     overrides = [f"model={option}"] + (["model.name_or_path=/somewhere"] if option in ("encoder", "decoder") else [])
     cfg = make_cfg(overrides)
-    assert cfg.model._target_ == "gte_pro.models.encoder.Encoder" and cfg.model.lr > 0
+    assert cfg.model._target_ == "gte_pro.models.encoder.Encoder.load" and cfg.model.lr > 0
     assert cfg.model.max_length == cfg.data.max_length
     if option in ("minilm", "tiny"):  # the others load weights from the hub, which is not reachable here
         encoder = build_encoder(cfg)

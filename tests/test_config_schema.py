@@ -30,16 +30,26 @@ TARGETED = [(group, option, schema) for group in ("data", "model", "loss")
             for option, schema in SCHEMAS[group].items()]
 
 
+def _keywords(params: list[inspect.Parameter]) -> dict[str, inspect.Parameter]:
+    return {p.name: p for p in params
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in ("self", "cls")}
+
+
 def _parameters(target: str) -> dict[str, inspect.Parameter]:
-    """The keyword parameters of ``target``'s constructor, following ``**kwargs`` up its bases."""
+    """The keyword parameters of ``target``: a builder's (a function or classmethod, e.g. the models'
+    ``Encoder.load``), or a class's constructor's, following ``**kwargs`` up its bases."""
+    built = get_object(target)
+    if not inspect.isclass(built):
+        params = list(inspect.signature(built).parameters.values())
+        assert not any(p.kind == p.VAR_KEYWORD for p in params), f"{target} takes **kwargs: its keys cannot be read"
+        return _keywords(params)
     found: dict[str, inspect.Parameter] = {}
-    for klass in inspect.getmro(get_object(target)):
+    for klass in inspect.getmro(built):
         if "__init__" not in vars(klass) or klass is object:
             continue
         params = list(inspect.signature(klass.__init__).parameters.values())
-        for param in params:
-            if param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY) and param.name != "self":
-                found.setdefault(param.name, param)
+        for name, param in _keywords(params).items():
+            found.setdefault(name, param)
         if not any(p.kind == p.VAR_KEYWORD for p in params):
             break
     return found

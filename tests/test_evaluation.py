@@ -53,7 +53,7 @@ def test_matches_sentence_transformers_information_retrieval_evaluator(cache_dir
     data = DemoDataModule(cache_dir=str(cache_dir), tokenizer=tokenizer, max_val_queries=120, max_distractors=300)
     data.setup("fit")
     rs = data.retrieval
-    encoder = Encoder(packaged_minilm_path(), max_length=128)
+    encoder = Encoder.load(packaged_minilm_path(), max_length=128)
     ours = evaluate_embeddings(encoder.encode(rs.queries), encoder.encode(rs.corpus), rs.relevant)
 
     st_model = SentenceTransformer(packaged_minilm_path(), device="cpu")

@@ -49,8 +49,8 @@ def test_decoder_and_modernbert_export_to_onnx_that_reproduces_the_module(make_c
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["exports"]["min_cosine"]["onnx"] >= 0.9999
     m = cfg.model
-    encoder = Encoder(str(out / "model"), pooling=m.pooling, normalize=m.normalize, max_length=m.max_length,
-                      padding_side=m.padding_side, append_eos=m.append_eos, length_chunks=1).eval()
+    encoder = Encoder.load(str(out / "model"), pooling=m.pooling, normalize=m.normalize, max_length=m.max_length,
+                           padding_side=m.padding_side, append_eos=m.append_eos, length_chunks=1).eval()
     texts = [m.query_prefix + text for text in TEXTS[:2]] + [m.doc_prefix + text for text in TEXTS[2:]]
     theirs, batch = _onnx_embed(out / "model.onnx", out / "model", texts, m.max_length)
     lengths = batch["attention_mask"].sum(axis=1)
@@ -68,7 +68,7 @@ def test_modernbert_local_attention_window_survives_the_onnx_trace(tmp_path: Pat
     from gte_pro.export.writers import export_onnx
 
     torch.manual_seed(0)
-    encoder = Encoder(packaged_minilm_path(), random_init_config=MODERNBERT, pooling="mean", max_length=96).eval()
+    encoder = Encoder.load(packaged_minilm_path(), random_init_config=MODERNBERT, pooling="mean", max_length=96).eval()
     encoder.save(tmp_path / "model")
     path = export_onnx(encoder, tmp_path / "model.onnx")
     theirs, _ = _onnx_embed(path, tmp_path / "model", TEXTS, encoder.max_length)
@@ -86,7 +86,8 @@ def test_modernbert_attention_null_picks_per_device_and_precision(monkeypatch):
                         else real(name, *a))
     assert best_attention("modernbert", "cuda", half=True) == "flash_attention_2"
     monkeypatch.undo()
-    encoder = Encoder(packaged_minilm_path(), random_init_config=MODERNBERT, attn_implementation=None, max_length=32)
+    encoder = Encoder.load(packaged_minilm_path(), random_init_config=MODERNBERT, attn_implementation=None,
+                           max_length=32)
     encoder.backbone.set_attn_implementation("eager")
     encoder(**encoder.tokenize(["a pass on the CPU"]))
     assert encoder.backbone.config._attn_implementation == "sdpa"
@@ -98,7 +99,7 @@ def test_an_untraceable_attention_is_exported_through_sdpa(tmp_path: Path):
     from gte_pro.export.writers import export_onnx
 
     torch.manual_seed(0)
-    encoder = Encoder(packaged_minilm_path(), random_init_config=MODERNBERT, max_length=96).eval()
+    encoder = Encoder.load(packaged_minilm_path(), random_init_config=MODERNBERT, max_length=96).eval()
     reference = encoder.encode(TEXTS)
     encoder.save(tmp_path / "model")
     encoder.backbone.set_attn_implementation("flex_attention")

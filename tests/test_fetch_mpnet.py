@@ -152,7 +152,7 @@ def test_the_preset_reads_the_cache_or_says_make_fetch_mpnet(make_cfg, tmp_path:
 
     monkeypatch.setenv("GTE_PRO_CACHE", str(tmp_path / "empty"))  # cached_model_path's root without a config
     cfg = mpnet_cfg()
-    assert cfg.model._target_ == "gte_pro.models.encoder.Encoder" and cfg.model.lr == 2e-5
+    assert cfg.model._target_ == "gte_pro.models.encoder.Encoder.load" and cfg.model.lr == 2e-5
     with pytest.raises(InterpolationResolutionError) as missing:
         _ = cfg.model.name_or_path
     what, fix = explain(missing.value)

@@ -52,7 +52,7 @@ def _encoder(dropout: float = 0.0, dtype: torch.dtype = torch.float64) -> Encode
     config = {**TINY, "hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
     # one padded pass per forward: the bf16 test sums each forward's weight-cast gradients in a set order, which
     # length chunks inside a forward would regroup (tests/test_length_chunks.py covers chunks against one pass)
-    return Encoder(packaged_minilm_path(), random_init_config=config, max_length=32, length_chunks=1).to(dtype)
+    return Encoder.load(packaged_minilm_path(), random_init_config=config, max_length=32, length_chunks=1).to(dtype)
 
 
 def _batch(encoder: Encoder, negatives: int = NEGATIVES, rows: list = ROWS) -> dict[str, Any]:

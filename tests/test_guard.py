@@ -167,7 +167,7 @@ def _small_fit(steps: int = 2, **trainer_options: Any) -> ContrastiveModule:
     from gte_pro.models.encoder import Encoder
 
     torch.manual_seed(0)
-    encoder = Encoder(packaged_minilm_path(), random_init_config=TINY, max_length=32)
+    encoder = Encoder.load(packaged_minilm_path(), random_init_config=TINY, max_length=32)
     module = ContrastiveModule(encoder=encoder, loss=InfoNCELoss(max_skipped_steps=5), optimizer=torch.optim.AdamW,
                                lr=1e-3)
     loader = DataLoader(ROWS, batch_size=3, collate_fn=PairCollator(encoder.tokenizer, encoder.max_length))
@@ -238,7 +238,7 @@ def test_one_ranks_nan_skips_the_step_on_both_ranks(tmp_path: Path):
     from gte_pro.models.encoder import Encoder
 
     torch.manual_seed(0)
-    encoder = Encoder(packaged_minilm_path(), random_init_config=TINY, max_length=32)
+    encoder = Encoder.load(packaged_minilm_path(), random_init_config=TINY, max_length=32)
     out = str(tmp_path / "rank")
     module = _RankPoisoned(encoder=encoder, loss=InfoNCELoss(), optimizer=torch.optim.AdamW, lr=1e-3, out=out)
     loader = DataLoader(ROWS * 2, batch_size=2, collate_fn=PairCollator(encoder.tokenizer, encoder.max_length))

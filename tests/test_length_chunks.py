@@ -50,8 +50,8 @@ def test_the_plan_is_bounded_by_distinct_lengths_not_rows():
 @pytest.mark.parametrize("pooling", ["mean", "cls", "last"])
 def test_a_chunked_pass_equals_one_padded_pass(pooling: str):
     torch.manual_seed(0)
-    chunked = Encoder(packaged_minilm_path(), random_init_config=TINY, pooling=pooling, length_chunks=3).double()
-    single = Encoder(packaged_minilm_path(), random_init_config=TINY, pooling=pooling, length_chunks=1).double()
+    chunked = Encoder.load(packaged_minilm_path(), random_init_config=TINY, pooling=pooling, length_chunks=3).double()
+    single = Encoder.load(packaged_minilm_path(), random_init_config=TINY, pooling=pooling, length_chunks=1).double()
     single.load_state_dict(chunked.state_dict())
     texts = ["a", "a much longer text about tokenizers and padding, " * 3, "b c", "the middle one is here",
              "x y", "another long one that sets the width of the padded batch " * 2]
@@ -69,20 +69,21 @@ def test_a_chunked_pass_equals_one_padded_pass(pooling: str):
 
 def test_length_chunks_is_off_under_compile_and_refuses_zero():
     cpu = torch.device("cpu")
-    assert Encoder(packaged_minilm_path(), random_init_config=TINY, length_chunks=4, compile=True).chunks_on(cpu) == 1
+    compiled = Encoder.load(packaged_minilm_path(), random_init_config=TINY, length_chunks=4, compile=True)
+    assert compiled.chunks_on(cpu) == 1
     with pytest.raises(ValueError, match="model.length_chunks=0"):
-        Encoder(packaged_minilm_path(), random_init_config=TINY, length_chunks=0)
+        Encoder.load(packaged_minilm_path(), random_init_config=TINY, length_chunks=0)
 
 
 def test_auto_chunks_on_the_cpu_and_runs_one_pass_elsewhere():
-    encoder = Encoder(packaged_minilm_path(), random_init_config=TINY, length_chunks="auto")
+    encoder = Encoder.load(packaged_minilm_path(), random_init_config=TINY, length_chunks="auto")
     assert encoder.chunks_on(torch.device("cpu")) == 4
     assert encoder.chunks_on(torch.device("cuda")) == 1 and encoder.chunks_on(torch.device("meta")) == 1
-    three = Encoder(packaged_minilm_path(), random_init_config=TINY, length_chunks=3)
+    three = Encoder.load(packaged_minilm_path(), random_init_config=TINY, length_chunks=3)
     assert three.chunks_on(torch.device("cuda")) == 3
     for bad in ("4", 2.0, True, "off"):
         with pytest.raises(ValueError, match="valid: auto, 1"):
-            Encoder(packaged_minilm_path(), random_init_config=TINY, length_chunks=bad)
+            Encoder.load(packaged_minilm_path(), random_init_config=TINY, length_chunks=bad)
 
 
 def test_the_config_check_names_length_chunks_choices(make_cfg):

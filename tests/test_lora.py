@@ -57,7 +57,7 @@ def test_only_the_adapters_train(minilm_lora_run):
     counts = json.loads((run / "metrics.json").read_text())["parameters"]
     assert counts == {"total": total, "trainable": 6 * 2 * 4 * (384 + 384)}
     # the base weights are the pretrained ones, untouched; the adapters moved
-    base = Encoder(cfg.model.name_or_path)
+    base = Encoder.load(cfg.model.name_or_path)
     name = "encoder.layer.0.attention.self.query"
     merged_free = dict(module.encoder.backbone.named_parameters())
     torch.testing.assert_close(merged_free[f"base_model.model.{name}.base_layer.weight"],
@@ -89,7 +89,7 @@ def test_the_adapter_alone_restores_the_model_on_its_base(minilm_lora_run):
     cfg, run = minilm_lora_run
     assert json.loads((run / "adapter" / "adapter_config.json").read_text())["r"] == 4
     module = ContrastiveModule.load_from_checkpoint(json.loads((run / "metrics.json").read_text())["best_checkpoint"])
-    restored = Encoder(cfg.model.name_or_path, max_length=cfg.data.max_length)
+    restored = Encoder.load(cfg.model.name_or_path, max_length=cfg.data.max_length)
     base = AutoModel.from_pretrained(cfg.model.name_or_path)
     restored.backbone = PeftModel.from_pretrained(base, str(run / "adapter"))
     torch.testing.assert_close(restored.encode(TEXTS), module.encoder.encode(TEXTS), atol=1e-5, rtol=1e-4)

@@ -221,7 +221,7 @@ def _tiny_encoder(**kwargs):
     # one padded pass: the tests compare ranks with one process bit for bit, and a text's length chunk (hence its
     # padding and float rounding) depends on the batch it is in
     kwargs.setdefault("length_chunks", 1)
-    return Encoder(packaged_minilm_path(), random_init_config=TINY, max_length=32, **kwargs)
+    return Encoder.load(packaged_minilm_path(), random_init_config=TINY, max_length=32, **kwargs)
 
 
 # a tiny random cross-encoder whose logits spread over a few units (the default initializer_range gives ~equal ones)
@@ -235,8 +235,8 @@ def tiny_teacher():
     from gte_pro.models.teacher import CrossEncoderTeacher
 
     torch.manual_seed(0)  # identical weights in every process
-    return CrossEncoderTeacher(CrossEncoder(packaged_minilm_path(), max_length=64, random_init_config=TEACHER,
-                                            length_chunks=1))
+    return CrossEncoderTeacher(CrossEncoder.load(packaged_minilm_path(), max_length=64, random_init_config=TEACHER,
+                                                 length_chunks=1))
 
 
 def _rescored():

@@ -57,8 +57,8 @@ def test_left_and_right_padding_give_the_same_embeddings(kind: str, bpe: str):
     embeddings = {}
     for side in ("left", "right"):
         torch.manual_seed(0)
-        encoder = Encoder(name, random_init_config=fields, pooling="last", padding_side=side, max_length=64,
-                          length_chunks=1).eval()
+        encoder = Encoder.load(name, random_init_config=fields, pooling="last", padding_side=side, max_length=64,
+                               length_chunks=1).eval()
         embeddings[side] = encoder.encode(TEXTS, batch_size=4)
         alone = torch.cat([encoder.encode([text]) for text in TEXTS])
         torch.testing.assert_close(embeddings[side], alone, rtol=1e-4, atol=1e-5)
@@ -188,8 +188,8 @@ def test_a_stopped_run_resumes_to_bit_identical_weights(make_cfg, tmp_path: Path
 def test_fsdp_makes_each_hugging_face_block_its_own_shard_unit(bpe: str):
     from gte_pro.launch.fsdp import no_split_layer_classes
 
-    qwen2 = Encoder(bpe, random_init_config=QWEN2, pooling="last", max_length=32)
-    bert = Encoder(packaged_minilm_path(), random_init_config=BERT, max_length=32)
+    qwen2 = Encoder.load(bpe, random_init_config=QWEN2, pooling="last", max_length=32)
+    bert = Encoder.load(packaged_minilm_path(), random_init_config=BERT, max_length=32)
     assert {cls.__name__ for cls in no_split_layer_classes(qwen2)} == {"Qwen2DecoderLayer"}
     assert {cls.__name__ for cls in no_split_layer_classes(bert)} == {"BertEmbeddings", "BertLayer"}
 
@@ -197,7 +197,7 @@ def test_fsdp_makes_each_hugging_face_block_its_own_shard_unit(bpe: str):
 def test_fsdp_wraps_lora_adapters_apart_from_their_frozen_layers(bpe: str):
     from gte_pro.launch.fsdp import layer_policy
 
-    encoder = Encoder(bpe, random_init_config=QWEN2, pooling="last", max_length=32, lora={"r": 4})
+    encoder = Encoder.load(bpe, random_init_config=QWEN2, pooling="last", max_length=32, lora={"r": 4})
     policy = layer_policy(encoder)
     wrapped = {name for name, module in encoder.named_modules()
                if name and policy(module=module, recurse=False, nonwrapped_numel=1)}

@@ -68,8 +68,8 @@ def teacher(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("teacher") / "cross-encoder"
-    CrossEncoder(packaged_minilm_path(), max_length=64, random_init_config={**TINY, "initializer_range": 0.5}
-                 ).save(folder)
+    CrossEncoder.load(packaged_minilm_path(), max_length=64, random_init_config={**TINY, "initializer_range": 0.5}
+                      ).save(folder)
     return folder
 
 
@@ -98,8 +98,8 @@ def test_the_commands_a_reranker_prints_run(make_cfg, rows_file: Path, tmp_path:
     from gte_pro.models.encoder import Encoder
 
     torch.manual_seed(0)
-    retriever = export_sentence_transformers(Encoder(packaged_minilm_path(), random_init_config=TINY, max_length=64),
-                                             tmp_path / "retriever")
+    retriever = export_sentence_transformers(
+        Encoder.load(packaged_minilm_path(), random_init_config=TINY, max_length=64), tmp_path / "retriever")
     train(make_cfg(["task=rerank", "debug=fast", "logger=none", "model=reranker_tiny", "data=jsonl",
                     f"data.train_file={rows_file}", f"eval.retriever={retriever}", "eval.rerank_depth=20"],
                    output_dir=tmp_path / "reranker"))

@@ -62,7 +62,7 @@ def test_the_head_trains(make_cfg, tmp_path: Path):
     initial = build_encoder(cfg).projection[0].weight.detach().clone()
     train(cfg)
     # model=encoder model.name_or_path=<run>/model (evaluating, mining with or fine-tuning a run) keeps its head
-    exported = Encoder(str(tmp_path / "run" / "model"))
+    exported = Encoder.load(str(tmp_path / "run" / "model"))
     trained = exported.projection[0].weight.detach()
     assert exported.dim == 16 and trained.shape == initial.shape == (16, 64)
     assert not torch.allclose(trained, initial)  # the head was trained, not exported as initialised

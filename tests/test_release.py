@@ -163,8 +163,8 @@ def tiny() -> Encoder:
     from gte_pro import packaged_minilm_path
 
     torch.manual_seed(0)
-    return Encoder(packaged_minilm_path(), random_init_config={"hidden_size": 32, "num_hidden_layers": 1,
-                                                               "num_attention_heads": 2, "intermediate_size": 64})
+    return Encoder.load(packaged_minilm_path(), random_init_config={"hidden_size": 32, "num_hidden_layers": 1,
+                                                                    "num_attention_heads": 2, "intermediate_size": 64})
 
 
 def test_verify_export_refuses_other_weights_and_a_lost_normalisation(tiny: Encoder):
@@ -188,9 +188,9 @@ def test_state_dict_round_trip_is_exact_and_catches_a_different_model(tiny: Enco
     from gte_pro import packaged_minilm_path
 
     config = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
-    fresh = Encoder(packaged_minilm_path(), random_init_config=config)
+    fresh = Encoder.load(packaged_minilm_path(), random_init_config=config)
     assert state_dict_round_trip(tiny, fresh, TEXTS, tolerance=0.0) == 0.0
-    cls_pooled = Encoder(packaged_minilm_path(), random_init_config=config, pooling="cls")
+    cls_pooled = Encoder.load(packaged_minilm_path(), random_init_config=config, pooling="cls")
     with pytest.raises(ExportMismatchError, match="state-dict round trip changed the embeddings"):
         state_dict_round_trip(tiny, cls_pooled, TEXTS, tolerance=1e-6)
 

@@ -115,7 +115,7 @@ def test_two_ranks_train_exactly_like_one_process(tmp_path: Path, loss):
 # --- the model ----------------------------------------------------------------------------------------------------
 def _tiny_reranker(**options) -> CrossEncoder:
     torch.manual_seed(0)
-    return CrossEncoder(packaged_minilm_path(), max_length=64, random_init_config=TINY, **options).eval()
+    return CrossEncoder.load(packaged_minilm_path(), max_length=64, random_init_config=TINY, **options).eval()
 
 
 def test_length_chunks_give_the_same_scores_as_one_padded_pass():
@@ -145,7 +145,7 @@ def test_reranking_orders_each_querys_candidates_by_score_and_pads():
 
 
 def test_retriever_candidates_are_the_embedders_own_top_k(tmp_path: Path):
-    encoder = Encoder(packaged_minilm_path(), max_length=32)
+    encoder = Encoder.load(packaged_minilm_path(), max_length=32)
     queries = ["how to sort a list", "open a file for reading", "merge two dicts"]
     corpus = ["sorted(x) returns a new sorted list", "open(path) returns a file object", "rain in Paris",
               "d1 | d2 merges two dicts", "list.sort() sorts in place", "the weather today"]
@@ -174,7 +174,7 @@ def test_rows_candidates_are_the_held_out_rows_documents():
 def retriever_folder(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A small random embedder, saved: a fast eval.retriever for the runs below (the real default is MiniLM)."""
     torch.manual_seed(0)
-    encoder = Encoder(packaged_minilm_path(), random_init_config=TINY, max_length=64)
+    encoder = Encoder.load(packaged_minilm_path(), random_init_config=TINY, max_length=64)
     return str(export_sentence_transformers(encoder, tmp_path_factory.mktemp("retriever") / "model"))
 
 
@@ -241,9 +241,9 @@ def test_mode_eval_reranks_a_beir_set_with_any_cross_encoder(make_cfg, tmp_path:
     assert metrics["task"] == "rerank" and "reranking" in (out / "metrics.md").read_text()
     # the same candidates and scores, computed here without Lightning
     retrieval = load_beir(beir, "test")
-    candidates = retriever_candidates(Encoder(retriever_folder), retrieval, depth=20)
+    candidates = retriever_candidates(Encoder.load(retriever_folder), retrieval, depth=20)
     pairs = [(retrieval.queries[q], retrieval.corpus[d]) for q, docs in enumerate(candidates) for d in docs]
-    reranker = CrossEncoder(str(folder), max_length=512)
+    reranker = CrossEncoder.load(str(folder), max_length=512)
     scores = reranker.score([q for q, _ in pairs], [d for _, d in pairs])
     expected = retrieval_metrics(reranked(candidates, scores), retrieval.relevant)
     for metric, value in expected.items():

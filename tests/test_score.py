@@ -32,7 +32,7 @@ def cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("teacher") / "cross-encoder"
-    CrossEncoder(packaged_minilm_path(), max_length=64, random_init_config=TINY).save(folder)
+    CrossEncoder.load(packaged_minilm_path(), max_length=64, random_init_config=TINY).save(folder)
     return folder
 
 
@@ -43,7 +43,7 @@ def embedder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("teacher") / "embedder"
-    Encoder(packaged_minilm_path(), random_init_config=TINY, max_length=64).save(folder)
+    Encoder.load(packaged_minilm_path(), random_init_config=TINY, max_length=64).save(folder)
     return folder
 
 

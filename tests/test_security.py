@@ -56,7 +56,7 @@ def test_a_string_cannot_switch_remote_code_on():
     from gte_pro.models.encoder import Encoder
 
     with pytest.raises(ValueError, match=r"model.trust_remote_code='false' is not valid; valid choices: true, false"):
-        Encoder(packaged_minilm_path(), trust_remote_code="false")
+        Encoder.load(packaged_minilm_path(), trust_remote_code="false")
 
 
 def test_a_model_that_needs_hub_code_names_the_key_to_allow_it(monkeypatch):
@@ -69,7 +69,7 @@ def test_a_model_that_needs_hub_code_names_the_key_to_allow_it(monkeypatch):
 
     monkeypatch.setattr(model_module.AutoModel, "from_pretrained", refuse)
     with pytest.raises(ValueError, match=r"set model.trust_remote_code=true to allow it"):
-        model_module.Encoder(packaged_minilm_path())
+        model_module.Encoder.load(packaged_minilm_path())
 
 
 # --- weights_only -----------------------------------------------------------------------------------------------------

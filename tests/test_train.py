@@ -70,8 +70,8 @@ def test_exported_model_loads_in_sentence_transformers_with_identical_embeddings
     theirs = exported.encode(TEXTS, convert_to_tensor=True)
     # the module's weights = the best checkpoint's encoder
     state = torch.load(json.loads((out / "metrics.json").read_text())["best_checkpoint"], weights_only=False)
-    encoder = Encoder(cfg.model.name_or_path, random_init_config=dict(cfg.model.random_init_config),
-                      max_length=cfg.data.max_length)
+    encoder = Encoder.load(cfg.model.name_or_path, random_init_config=dict(cfg.model.random_init_config),
+                           max_length=cfg.data.max_length)
     encoder.load_state_dict({k.removeprefix("encoder."): v for k, v in state["state_dict"].items()
                              if k.startswith("encoder.")})
     ours = encoder.encode(TEXTS)
@@ -156,7 +156,7 @@ def test_load_from_checkpoint_rebuilds_the_module_with_its_weights(fast_run):
     module = ContrastiveModule.load_from_checkpoint(best)
     assert cfg.loss._target_.endswith("." + type(module.loss).__name__)
     assert module.lr == cfg.model.lr and module.seed == cfg.seed
-    exported = Encoder(str(out / "model"), max_length=cfg.data.max_length)  # the export holds the best weights
+    exported = Encoder.load(str(out / "model"), max_length=cfg.data.max_length)  # the export holds the best weights
     torch.testing.assert_close(module.encoder.encode(TEXTS), exported.encode(TEXTS), atol=1e-5, rtol=1e-4)
 
 

@@ -44,8 +44,8 @@ def tiny() -> Encoder:
     from gte_pro import packaged_minilm_path
 
     torch.manual_seed(0)
-    return Encoder(packaged_minilm_path(), random_init_config={"hidden_size": 32, "num_hidden_layers": 1,
-                                                               "num_attention_heads": 2, "intermediate_size": 64})
+    return Encoder.load(packaged_minilm_path(), random_init_config={"hidden_size": 32, "num_hidden_layers": 1,
+                                                                    "num_attention_heads": 2, "intermediate_size": 64})
 
 
 def _sweep_summary(run: Path, encoder: Encoder) -> Path:

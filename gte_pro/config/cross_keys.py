@@ -10,6 +10,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from gte_pro.models import OLD_TARGETS
+
 
 def mix_problems(cfg: DictConfig) -> list[str]:
     """Re-mining reads one token cache; a mix has one per source."""
@@ -21,7 +23,7 @@ def mix_problems(cfg: DictConfig) -> list[str]:
     return []
 
 
-CROSS_ENCODER = "gte_pro.models.cross_encoder.CrossEncoder"
+CROSS_ENCODER = "gte_pro.models.cross_encoder.CrossEncoder.load"
 RERANK_LOSSES = "gte_pro.training.losses_rerank."
 
 
@@ -33,7 +35,7 @@ def task_problems(cfg: DictConfig) -> list[str]:
     loss = OmegaConf.select(cfg, "loss._target_", default=None, throw_on_missing=False)
     rerank = task == "rerank"
     problems = []
-    if isinstance(model, str) and (model == CROSS_ENCODER) != rerank:
+    if isinstance(model, str) and (OLD_TARGETS.get(model, model) == CROSS_ENCODER) != rerank:
         problems.append(f"model: task={task} trains " + (
             "a cross-encoder: choose model=reranker_minilm, reranker_tiny, gte_reranker_modernbert, "
             "gte_multilingual_reranker, bge_reranker_base or cross_encoder model.name_or_path=..." if rerank else

@@ -82,7 +82,7 @@ def st_or_own_embedder(folder: Path, max_length: int) -> Embedder:
     if importlib.util.find_spec("sentence_transformers") is not None:
         return st_embedder(folder)
     log.warning("sentence-transformers is not installed: verifying %s with gte_pro's own loader", folder)
-    return Encoder(str(folder), max_length=max_length, length_chunks=1).encode  # one padded pass, like st
+    return Encoder.load(str(folder), max_length=max_length, length_chunks=1).encode  # one padded pass, like st
 
 
 def verify_export(name: str, reference: torch.Tensor, embed: Embedder, texts: Sequence[str] = VERIFY_TEXTS,

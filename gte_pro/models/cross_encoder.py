@@ -19,26 +19,46 @@ import torch
 from torch import nn
 from transformers import AutoModelForSequenceClassification
 
+from gte_pro.models.backbone import Backbone
 from gte_pro.models.length_chunks import chunks_for, parse_length_chunks, pass_plan, run_in_chunks
-from gte_pro.models.loading import (
-    avoid_cudnn_attention,
-    check_trust_remote_code,
-    enable_gradient_checkpointing,
-    load_tokenizer,
-    load_weights,
-    random_config,
-)
 from gte_pro.models.pairs import PairBatcher
 
 log = logging.getLogger(__name__)
 
 
 class CrossEncoder(nn.Module):
-    """Sequence-classification transformer with one output: ``forward`` -> one logit per pair (float, shape (N,))."""
+    """Sequence-classification transformer with one output: ``forward`` -> one logit per pair (float, shape (N,)).
+    Composed from a ``Backbone`` (gte_pro.models.backbone); ``CrossEncoder.load`` builds it from the config's keys
+    (it is the ``model/`` group's ``_target_`` with ``task=rerank``)."""
 
     def __init__(
         self,
+        backbone: Backbone,
+        *,
+        max_length: int = 512,
+        length_chunks: int | str = "auto",
+        query_prefix: str = "",
+        doc_prefix: str = "",
+    ) -> None:
+        if not isinstance(backbone, Backbone):
+            raise TypeError(f"CrossEncoder(backbone) takes its part; for a folder or hub name ({backbone!r}) use "
+                            "CrossEncoder.load(name_or_path, **options)")
+        super().__init__()
+        self.name_or_path = backbone.name_or_path
+        self.tokenizer = backbone.tokenizer
+        self.backbone: nn.Module = backbone.model
+        self.max_length = int(max_length)
+        self.pairs = PairBatcher(self.tokenizer, self.max_length)
+        # a compiled backbone would recompile for every chunk shape
+        self.length_chunks = 1 if backbone.compiled else parse_length_chunks(length_chunks)
+        self.query_prefix, self.doc_prefix = query_prefix, doc_prefix
+        log.info("cross-encoder %s: max_length=%d", self.name_or_path, self.max_length)
+
+    @classmethod
+    def load(
+        cls,
         name_or_path: str,
+        *,
         max_length: int = 512,
         trust_remote_code: bool = False,
         attn_implementation: str | None = "sdpa",
@@ -48,32 +68,17 @@ class CrossEncoder(nn.Module):
         length_chunks: int | str = "auto",
         query_prefix: str = "",
         doc_prefix: str = "",
-    ) -> None:
-        super().__init__()
-        check_trust_remote_code(trust_remote_code)
-        self.name_or_path = str(name_or_path)
-        self.tokenizer = load_tokenizer(self.name_or_path, trust_remote_code)
-        if random_init_config is not None:
-            # a small randomly initialised BERT with the named tokenizer (tests, debugging)
-            config = random_config(self.tokenizer, random_init_config, num_labels=1)
-            self.backbone: nn.Module = AutoModelForSequenceClassification.from_config(
-                config, attn_implementation=attn_implementation)
-        else:
-            # a checkpoint with a trained one-logit head keeps it; an embedder (no head) gets a new one, which
-            # transformers reports: that report is the expected start of a reranker, not a problem
-            self.backbone = load_weights(AutoModelForSequenceClassification, self.name_or_path, trust_remote_code,
-                                         attn_implementation, num_labels=1)
-        self.backbone.train()  # from_pretrained returns eval mode; train with dropout like the peers
-        avoid_cudnn_attention()
-        self.max_length = int(max_length)
-        self.pairs = PairBatcher(self.tokenizer, self.max_length)
-        self.length_chunks = 1 if compile else parse_length_chunks(length_chunks)
-        self.query_prefix, self.doc_prefix = query_prefix, doc_prefix
-        if gradient_checkpointing:
-            enable_gradient_checkpointing(self.backbone)
-        if compile:
-            self.backbone.compile(dynamic=True)
-        log.info("cross-encoder %s: max_length=%d", self.name_or_path, self.max_length)
+    ) -> CrossEncoder:
+        """The cross-encoder that the ``model/`` keys describe (conf/model/cross_encoder.yaml; CrossEncoderSchema
+        documents each), and the way to open a reranker folder or hub name: ``CrossEncoder.load(path)``. A
+        checkpoint with a trained one-logit head keeps it; an embedder (no head) gets a new one, which transformers
+        reports: that report is the expected start of a reranker, not a problem."""
+        backbone = Backbone.load(name_or_path, AutoModelForSequenceClassification,
+                                 trust_remote_code=trust_remote_code, attn_implementation=attn_implementation,
+                                 random_init_config=random_init_config, num_labels=1)
+        backbone.memory_switches(gradient_checkpointing, compile)
+        return cls(backbone, max_length=max_length, length_chunks=length_chunks, query_prefix=query_prefix,
+                   doc_prefix=doc_prefix)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **extra: torch.Tensor) -> torch.Tensor:
         plan = pass_plan(attention_mask, chunks_for(self.length_chunks, attention_mask.device.type))

@@ -1,4 +1,6 @@
-"""Text encoder: a Hugging Face transformer plus pooling and optional L2 normalisation.
+"""Text encoder: a Hugging Face transformer plus pooling and optional L2 normalisation, composed from a
+``Backbone`` (gte_pro.models.backbone) and an ``EmbeddingHead`` (gte_pro.models.heads); ``Encoder.load`` builds
+them from the config's keys.
 
 The pooling mode and normalisation are read from the model's sentence-transformers files
 (``1_Pooling/config.json`` and ``modules.json``) when they exist, so that a fine-tune keeps the
@@ -20,20 +22,11 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoModel, PreTrainedTokenizerBase
 
-from gte_pro.errors import ConfigError
-from gte_pro.models.heads import build_projection, load_dense_head
+from gte_pro.models.backbone import Backbone
+from gte_pro.models.heads import EmbeddingHead
 from gte_pro.models.length_chunks import chunks_for, parse_length_chunks, pass_plan, run_in_chunks
-from gte_pro.models.loading import (
-    avoid_cudnn_attention,
-    check_trust_remote_code,
-    enable_gradient_checkpointing,
-    load_tokenizer,
-    load_weights,
-    prepare_tokenizer,
-    random_config,
-)
-from gte_pro.models.lora import with_lora
-from gte_pro.models.pooling import POOLING_MODES, detect_pooling, pool
+from gte_pro.models.loading import prepare_tokenizer
+from gte_pro.models.pooling import pool
 
 log = logging.getLogger(__name__)
 _HALF = (torch.float16, torch.bfloat16)
@@ -52,11 +45,55 @@ def best_attention(model_type: str, device_type: str, half: bool) -> str | None:
 
 
 class Encoder(nn.Module):
-    """Transformer backbone + pooling (+ L2 normalisation) with its tokenizer attached."""
+    """Transformer backbone + pooling (+ projection head) (+ L2 normalisation) with its tokenizer attached, composed
+    from its parts: a ``Backbone`` (gte_pro.models.backbone) and an ``EmbeddingHead`` (gte_pro.models.heads).
+    ``Encoder.load`` builds both from the ``model/`` config's keys (it is that group's ``_target_``) and is the way
+    to open a folder or hub model for inference: ``Encoder.load(path, max_length=256)``."""
 
     def __init__(
         self,
+        backbone: Backbone,
+        head: EmbeddingHead,
+        *,
+        max_length: int = 256,
+        length_chunks: int | str = "auto",
+        query_prefix: str = "",
+        doc_prefix: str = "",
+    ) -> None:
+        if not isinstance(backbone, Backbone):
+            raise TypeError(f"Encoder(backbone, head) takes its parts; for a folder or hub name ({backbone!r}) use "
+                            "Encoder.load(name_or_path, **options)")
+        super().__init__()
+        # the parts' pieces under the names checkpoints (backbone.*, projection.*), exports and callers read
+        self.name_or_path = backbone.name_or_path
+        self.tokenizer: PreTrainedTokenizerBase = backbone.tokenizer
+        # null: chosen per device and precision at the first pass there (best_attention), not once at build time,
+        # where the model is still on the CPU
+        self.auto_attention = backbone.auto_attention
+        self._attention_key: tuple[str, bool] | None = None
+        self.backbone = backbone.model
+        # not a submodule (a list): no checkpoint or optimizer sees it; save() puts it back (Backbone.set_pooler_aside)
+        self._spare_pooler: list[nn.Module] = list(backbone.spare_pooler)
+        self.lora = backbone.lora
+        self.projection_settings = head.projection_settings
+        self.projection = head.projection
+        self.pooling = head.pooling
+        self.normalize = head.normalize
+        self.max_length = int(max_length)
+        self.length_chunks = parse_length_chunks(length_chunks)
+        # a compiled backbone would recompile for every chunk shape; left padding would need the other end cut
+        if backbone.compiled or self.tokenizer.padding_side != "right":
+            self.length_chunks = 1
+        self.query_prefix = query_prefix
+        self.doc_prefix = doc_prefix
+        log.info("encoder %s: pooling=%s normalize=%s max_length=%d", self.name_or_path, self.pooling,
+                 self.normalize, self.max_length)
+
+    @classmethod
+    def load(
+        cls,
         name_or_path: str,
+        *,
         pooling: str | None = None,
         normalize: bool | None = None,
         max_length: int = 256,
@@ -72,66 +109,20 @@ class Encoder(nn.Module):
         length_chunks: int | str = "auto",
         padding_side: str | None = None,
         append_eos: bool = False,
-    ) -> None:
-        super().__init__()
-        check_trust_remote_code(trust_remote_code)
-        self.name_or_path = str(name_or_path)
-        self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(self.name_or_path, trust_remote_code)
-        # null: chosen per device and precision at the first pass there (best_attention), not once at build time,
-        # where the model is still on the CPU
-        self.auto_attention = attn_implementation is None
-        self._attention_key: tuple[str, bool] | None = None
-        prepare_tokenizer(self.tokenizer, padding_side, append_eos)
-        if random_init_config is not None:
-            # a small randomly initialised BERT that shares the named tokenizer (used by tests / debug)
-            config = random_config(self.tokenizer, random_init_config)
-            self.backbone = AutoModel.from_config(config, attn_implementation=attn_implementation)
-            detected_pooling, detected_normalize = None, None
-        else:
-            self.backbone = load_weights(AutoModel, self.name_or_path, trust_remote_code, attn_implementation)
-            detected_pooling, detected_normalize = detect_pooling(self.name_or_path)
-        # from_pretrained returns the model in eval mode; train with dropout like the peers do
-        self.backbone.train()
-        avoid_cudnn_attention()
-        # BERT's pooler (a dense layer on [CLS]) is not used by any pooling mode here; leaving it in makes DDP wait
-        # for gradients that never come. It is kept aside (not a submodule: no checkpoint or optimizer sees it) and
-        # put back for save(), so that an export loads without transformers' "pooler ... MISSING" report
-        self._spare_pooler: list[nn.Module] = []
-        if isinstance(getattr(self.backbone, "pooler", None), nn.Module):
-            self._spare_pooler.append(self.backbone.pooler)
-            self.backbone.pooler = None
-        self.lora = dict(lora) if lora else None
-        if self.lora:
-            self.backbone = with_lora(self.backbone, self.lora)
-        # GTE-Pro's head on top of pooling (hidden -> 512 -> ReLU -> dropout -> 512), before normalisation; a
-        # sentence-transformers folder with Dense modules (an exported run with a head) brings its own
-        self.projection_settings = dict(projection) if projection else None
-        self.projection = build_projection(self.hidden_dim, projection) if projection else None
-        if self.projection is None and random_init_config is None:
-            self.projection = load_dense_head(self.name_or_path)
-        self.pooling = pooling or detected_pooling or "mean"
-        if self.pooling not in POOLING_MODES:
-            raise ConfigError(
-                f"model.pooling={self.pooling!r} is not valid; valid choices: {', '.join(POOLING_MODES)}"
-            )
-        self.normalize = bool(normalize if normalize is not None else (detected_normalize
-                                                                        if detected_normalize is not None
-                                                                        else True))
-        self.max_length = int(max_length)
-        self.length_chunks = parse_length_chunks(length_chunks)
-        # a compiled backbone would recompile for every chunk shape; left padding would need the other end cut
-        if compile or self.tokenizer.padding_side != "right":
-            self.length_chunks = 1
-        self.query_prefix = query_prefix
-        self.doc_prefix = doc_prefix
-        if gradient_checkpointing:
-            enable_gradient_checkpointing(self.backbone)
-        if compile:
-            # in place (nn.Module.compile): parameter names, checkpoints and exports stay as without it;
-            # dynamic shapes, because dynamic padding gives every batch its own length
-            self.backbone.compile(dynamic=True)
-        log.info("encoder %s: pooling=%s normalize=%s max_length=%d", self.name_or_path, self.pooling,
-                 self.normalize, self.max_length)
+    ) -> Encoder:
+        """The encoder that the ``model/`` keys describe (conf/model/encoder.yaml; EncoderSchema documents each):
+        the backbone from ``name_or_path`` (weights, or ``random_init_config``'s random model), its pooler set
+        aside, LoRA, the memory switches; then the head on it; then the encoder of the two."""
+        backbone = Backbone.load(
+            name_or_path, AutoModel, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation,
+            random_init_config=random_init_config,
+            prepare_tokenizer=lambda tokenizer: prepare_tokenizer(tokenizer, padding_side, append_eos))
+        backbone.set_pooler_aside().add_lora(lora).memory_switches(gradient_checkpointing, compile)
+        head = EmbeddingHead.build(backbone.name_or_path, int(backbone.model.config.hidden_size), pooling=pooling,
+                                   normalize=normalize, projection=projection,
+                                   read_files=random_init_config is None)
+        return cls(backbone, head, max_length=max_length, length_chunks=length_chunks, query_prefix=query_prefix,
+                   doc_prefix=doc_prefix)
 
     @property
     def hidden_dim(self) -> int:

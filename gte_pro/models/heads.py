@@ -1,16 +1,20 @@
-"""A projection head on top of pooling (``model.projection``; the original GTE-Pro recipe's hidden -> 512 -> ReLU ->
-dropout -> 512), and reading one back from a sentence-transformers folder's ``Dense`` modules."""
+"""The embedder's head: what turns the backbone's token states into the embedding (``EmbeddingHead``: pooling, an
+optional projection head, L2 normalisation). The projection head sits on top of pooling (``model.projection``; the
+original GTE-Pro recipe's hidden -> 512 -> ReLU -> dropout -> 512), or is read back from a sentence-transformers
+folder's ``Dense`` modules."""
 
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from gte_pro.errors import ConfigError
+from gte_pro.models.pooling import POOLING_MODES, detect_pooling
 
 log = logging.getLogger(__name__)
 
@@ -74,3 +78,35 @@ def load_dense_head(name_or_path: str) -> nn.Sequential | None:
     if layers:
         log.info("%s: %d Dense module(s) loaded as the projection head", name_or_path, len(dense))
     return nn.Sequential(*layers) if layers else None
+
+
+@dataclass
+class EmbeddingHead:
+    """Pooling mode, projection head (None: none) and normalisation: the embedding is
+    ``normalize(projection(pool(token states)))``. ``Encoder`` takes them over as its ``pooling``, ``projection``
+    (a submodule: its weights are ``projection.*`` in checkpoints) and ``normalize``."""
+
+    pooling: str
+    normalize: bool
+    projection: nn.Sequential | None = None
+    projection_settings: dict[str, Any] | None = None  # model.projection, as configured (the model card shows it)
+
+    @classmethod
+    def build(cls, name_or_path: str, hidden: int, *, pooling: str | None, normalize: bool | None,
+              projection: dict[str, Any] | None, read_files: bool) -> EmbeddingHead:
+        """The head on a backbone of width ``hidden``. ``read_files`` (a checkpoint, not a random model): a null
+        ``pooling`` or ``normalize`` is what ``name_or_path``'s sentence-transformers files declare (so that a
+        fine-tune keeps the geometry its checkpoint was trained with), and without ``projection`` a folder's Dense
+        modules are the head. Otherwise mean pooling, normalised."""
+        detected_pooling, detected_normalize = detect_pooling(name_or_path) if read_files else (None, None)
+        settings = dict(projection) if projection else None
+        # a sentence-transformers folder with Dense modules (an exported run with a head) brings its own
+        layers = build_projection(hidden, projection) if projection else None
+        if layers is None and read_files:
+            layers = load_dense_head(name_or_path)
+        mode = pooling or detected_pooling or "mean"
+        if mode not in POOLING_MODES:
+            raise ConfigError(f"model.pooling={mode!r} is not valid; valid choices: {', '.join(POOLING_MODES)}")
+        if normalize is None:
+            normalize = detected_normalize if detected_normalize is not None else True
+        return cls(mode, bool(normalize), layers, settings)

@@ -110,15 +110,11 @@ def random_config(tokenizer: PreTrainedTokenizerBase, fields: Mapping[str, Any],
 
 def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase, padding_side: str | None, eos: bool) -> None:
     """``model.padding_side`` (left: a decoder embedder's usual batches; null: the tokenizer's own) and
-    ``model.append_eos``."""
+    ``model.append_eos``, as the config check let them through (EncoderSchema's rules)."""
     if padding_side is not None:
-        if padding_side not in ("left", "right"):
-            raise ConfigError(f"model.padding_side={padding_side!r} is not valid; valid choices: left, right, null")
         tokenizer.padding_side = padding_side
-    if eos is True:
+    if eos:
         append_eos(tokenizer)
-    elif eos is not False:
-        raise ConfigError(f"model.append_eos={eos!r} is not valid; valid choices: true, false")
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         # decoder tokenizers often have no pad token; any id will do under the attention mask, and theirs is EOS
         tokenizer.pad_token = tokenizer.eos_token

@@ -90,7 +90,7 @@ def load_teacher(name_or_path: str, max_length: int = 512, trust_remote_code: bo
     # one padded pass per batch: a teacher's scores are what it writes into the file, and a text's length chunk (so
     # its padding and float rounding) would depend on which rows share its batch, hence on the shard and rank
     if kind == "cross-encoder":
-        return CrossEncoderTeacher(CrossEncoder(str(name_or_path), max_length=max_length,
-                                                trust_remote_code=trust_remote_code, length_chunks=1))
-    return EmbedderTeacher(Encoder(str(name_or_path), max_length=max_length, trust_remote_code=trust_remote_code,
-                                   length_chunks=1))
+        return CrossEncoderTeacher(CrossEncoder.load(str(name_or_path), max_length=max_length,
+                                                     trust_remote_code=trust_remote_code, length_chunks=1))
+    return EmbedderTeacher(Encoder.load(str(name_or_path), max_length=max_length, trust_remote_code=trust_remote_code,
+                                        length_chunks=1))

@@ -24,6 +24,7 @@ from gte_pro.data.configured import build_datamodule
 from gte_pro.errors import ConfigError
 from gte_pro.launch.checkpoint_io import AtomicCheckpointIO
 from gte_pro.launch.environment import cpu_has_native_bf16, emulated_bf16_warning
+from gte_pro.models import model_options
 from gte_pro.models.cross_encoder import CrossEncoder
 from gte_pro.models.encoder import Encoder
 from gte_pro.training.base_module import TrainingModule
@@ -55,8 +56,7 @@ def task_of(cfg: DictConfig) -> str:
 def build_encoder(cfg: DictConfig) -> Any:
     """The network from ``cfg.model`` (everything but ``lr``, which belongs to the optimizer): an ``Encoder``, or
     for ``task=rerank`` a ``CrossEncoder``."""
-    options = {key: value for key, value in OmegaConf.to_container(cfg.model, resolve=True).items() if key != "lr"}
-    return instantiate(options)
+    return instantiate(model_options(OmegaConf.to_container(cfg.model, resolve=True)))
 
 
 def seed_and_precision(cfg: DictConfig) -> None:

@@ -88,7 +88,9 @@ class TrainingModule(LightningModule):
         from hydra.utils import instantiate
 
         if encoder is None:
-            encoder = instantiate({key: value for key, value in config["model"].items() if key != "lr"})
+            from gte_pro.models import model_options
+
+            encoder = instantiate(model_options(config["model"]))
         scheduler = config.get("scheduler")
         module = cls(
             encoder=encoder,

@@ -84,7 +84,7 @@ class RerankModule(TrainingModule):
         device = self.trainer.strategy.root_device
         options = {"max_length": self.retriever_max_length} if self.retriever_max_length else {}
         # one padded pass: each rank's candidates must not depend on which rows share a batch there
-        retriever = Encoder(self.retriever, length_chunks=1, **options).to(device)
+        retriever = Encoder.load(self.retriever, length_chunks=1, **options).to(device)
         found = []
         for name, retrieval in sets:
             found.append(retriever_candidates(retriever, retrieval, self.rerank_depth, self.retriever_batch_size))

@@ -36,6 +36,7 @@ from gte_pro.config.schema.mining import MineSchema
 from gte_pro.config.schema.model import CrossEncoderSchema, EncoderSchema
 from gte_pro.config.schema.run import RunSchema, TrainerSchema
 from gte_pro.config.schema.score import ScoreSchema
+from gte_pro.models import OLD_TARGETS
 
 SCHEMAS: dict[str, dict[str, type]] = {
     "data": {"demo": DemoData, "jsonl": JsonlData, "hf": HfData, "beir": BeirData, "mix": MixData},
@@ -58,6 +59,7 @@ def schema_for(group: str, target: object) -> type | None:
     top level); None for a class of the user's own."""
     if group in FIXED_SCHEMAS:
         return FIXED_SCHEMAS[group]
+    target = OLD_TARGETS.get(target, target) if isinstance(target, str) else target
     return next((schema for schema in SCHEMAS.get(group, {}).values()
                  if schema.__dataclass_fields__["_target_"].default == target), None)
 

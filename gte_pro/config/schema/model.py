@@ -17,7 +17,7 @@ from gte_pro.models.pooling import POOLING_MODES
 class EncoderSchema:
     """Any BERT-like encoder from the Hugging Face hub or a local folder (conf/model/encoder.yaml and its presets)."""
 
-    _target_: str = "gte_pro.models.encoder.Encoder"
+    _target_: str = "gte_pro.models.encoder.Encoder.load"
     name_or_path: str = setting(MISSING, "hub name or local folder of the model")
     pooling: str | None = setting(None, "mean, cls or last; null: read from the model's 1_Pooling/config.json "
                                   "(sentence-transformers), else mean", choice(*POOLING_MODES, None))
@@ -62,7 +62,7 @@ class CrossEncoderSchema:
     (conf/model/cross_encoder.yaml and its presets). Any BERT-like checkpoint initialises one; a reranker
     checkpoint keeps its trained head."""
 
-    _target_: str = "gte_pro.models.cross_encoder.CrossEncoder"
+    _target_: str = "gte_pro.models.cross_encoder.CrossEncoder.load"
     name_or_path: str = redefault(EncoderSchema, "name_or_path", MISSING)
     max_length: int = setting(512, "a pair is cut to this many tokens (the longer text loses its end first)",
                               integer(1))
