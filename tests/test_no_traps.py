@@ -30,6 +30,10 @@ def test_the_default_uses_every_negative_the_rows_carry(caplog: pytest.LogCaptur
         assert negatives_per_row(None, counts) == 3
     assert "3 hard negative(s) per row (data.num_negatives=null: the most any row carries)" in caplog.text
     assert "2 of 4 row(s) have fewer and are filled with other rows' positives" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="gte_pro.data.row_contents"):
+        negatives_per_row(None, np.array([3, 1, 2, 3]))
+    assert "the rows carry 1 to 3 (mean 2.2); 2 of 4 row(s) have fewer" in caplog.text  # the fewest is 1, not 0
     assert negatives_per_row(1, counts) == 1  # an explicit integer is kept
     assert negatives_per_row(None, np.array([], dtype=np.int64)) == 0  # no rows carry any: in-batch only
 

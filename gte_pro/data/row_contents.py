@@ -31,11 +31,9 @@ def negatives_per_row(setting: int | None, counts: np.ndarray, report: bool = Tr
         source += f", or a re-mined row ({remined})"
     log.info("data: %d hard negative(s) per row (%s); the rows carry %d to %d (mean %.1f); %d of %d row(s) have "
              "fewer and are filled with other rows' positives (random negatives)", wanted, source,
-             int(counts.min(initial=0)), int(counts.max(initial=0)), float(counts.mean()) if len(counts) else 0.0,
-             short, len(counts))
+             int(counts.min()) if len(counts) else 0, int(counts.max(initial=0)),
+             float(counts.mean()) if len(counts) else 0.0, short, len(counts))
     return wanted
-
-
 
 
 def distill_problem(loss: str | None, source: str, scored: bool, negatives: int) -> str | None:
