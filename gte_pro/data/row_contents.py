@@ -25,6 +25,10 @@ def negatives_per_row(setting: int | None, counts: np.ndarray, report: bool = Tr
         wanted = max(wanted, remined)
     if not report:
         return wanted
+    if wanted == 0:
+        log.info("data: no hard negatives%s: each query is scored against the batch's other documents (in-batch "
+                 "negatives)", " in the rows" if setting is None else " (data.num_negatives=0)")
+        return wanted
     short = int((counts < wanted).sum())
     source = "data.num_negatives=null: the most any row carries" if setting is None else "data.num_negatives"
     if setting is None and remined is not None:
