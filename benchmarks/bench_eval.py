@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats (medians reported)")
     args = parser.parse_args(argv)
     texts = demo_texts(args.texts, args.cache_dir)
-    encoder = Encoder.load(packaged_minilm_path(), max_length=args.max_length).eval()
+    encoder = Encoder.load(packaged_minilm_path(), max_length=args.max_length, length_chunks=1).eval()
     st_model = sentence_transformers_model(args.max_length)
     runs = {"gte-pro evaluation (sorted by tokens, inference mode)": ours(encoder, texts, args.batch_size, sort=True),
             "gte-pro evaluation, file order (no sort)": ours(encoder, texts, args.batch_size, sort=False),

@@ -99,7 +99,7 @@ def measure_config(payload: dict[str, Any]) -> Result:
     batch_size, mini_batch_size, steps = payload["batch_size"], payload["mini_batch_size"], payload["steps"]
     device = torch.device(payload["device"])
     torch.manual_seed(0)
-    encoder = Encoder.load(packaged_minilm_path(), max_length=payload["max_length"]).to(device)
+    encoder = Encoder.load(packaged_minilm_path(), max_length=payload["max_length"], length_chunks=1).to(device)
     loss_fn = InfoNCELoss(temperature=0.05)
     optimizer = torch.optim.AdamW(encoder.parameters(), lr=1e-5)
     collate = PairCollator(encoder.tokenizer, payload["max_length"])

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = demo_rows(args.docs, args.cache_dir)
     options = default_mining_options(args.num_negatives, args.range_min, args.range_max,
                                      relative_margin=args.relative_margin)
-    encoder = Encoder.load(packaged_minilm_path(), max_length=args.max_length).eval()
+    encoder = Encoder.load(packaged_minilm_path(), max_length=args.max_length, length_chunks=1).eval()
     model = SentenceTransformer(packaged_minilm_path(), device="cpu")
     model.max_seq_length = args.max_length
     runs = {OURS: ours(encoder, rows, options, args.batch_size, args.max_length),
