@@ -22,7 +22,8 @@ def score_model(opts: argparse.Namespace) -> Result:
 
     cfg = compose_cfg(opts)
     encoder = Encoder.load(opts.model_dir or cfg.model.name_or_path, max_length=cfg.eval.max_length,
-                           query_prefix=cfg.model.query_prefix, doc_prefix=cfg.model.doc_prefix).to(device_of())
+                           query_prefix=cfg.model.query_prefix, doc_prefix=cfg.model.doc_prefix,
+                           length_chunks=1).to(device_of())  # one padded pass, as the documented runs measured
     datamodule = build_datamodule(cfg, encoder.tokenizer, encoder.query_prefix, encoder.doc_prefix)
     datamodule.prepare_data()
     datamodule.setup("validate")
