@@ -98,11 +98,15 @@ class MemoryPlan:
     gathered: float
     context: float
     full_length_peak: float = 0.0  # beside a data-based plan: the peak with every text at model.max_length
+    # GradCache replays its mini-batches one by one inside backward and sums their gradients itself
+    # (gte_pro.training.gradcache): from the second on, that running sum and the next one's fresh gradients are
+    # held beside the replayed activations (0 without GradCache: backward frees activations as it makes gradients)
+    replay_gradients: float = 0.0
 
     @property
     def forward_backward(self) -> float:
         return (self.weights + self.optimizer + self.autocast_copies + self.gathered + self.context
-                + BACKWARD_TEMPORARIES * self.activations)
+                + self.replay_gradients + BACKWARD_TEMPORARIES * self.activations)
 
     @property
     def optimizer_step(self) -> float:
@@ -181,6 +185,7 @@ def estimate(shape: ModelShape, setup: Setup) -> MemoryPlan:
         activations=activation_bytes(shape, setup),
         gathered=gathered,
         context=CUDA_CONTEXT if setup.cuda else 0.0,
+        replay_gradients=2.0 * shape.trainable * state / shards if setup.mini_batch else 0.0,
     )
 
 
