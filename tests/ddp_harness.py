@@ -9,6 +9,7 @@ single process's loss and gradients. ``step`` must pickle (a module-level functi
 
 from __future__ import annotations
 
+import datetime
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -47,7 +48,8 @@ class _Step(torch.nn.Module):
 def _rank_main(rank: int, world: int, port: int, step: Step, batch: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # a bounded wait: a rank that fails leaves the other at a collective for this long, not for 30 minutes
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
     try:
         encoder = tiny_encoder()
         ddp = torch.nn.parallel.DistributedDataParallel(_Step(encoder, step))
@@ -59,6 +61,9 @@ def _rank_main(rank: int, world: int, port: int, step: Step, batch: int, out: st
         if rank == 0:
             grads = {n: p.grad.clone() for n, p in encoder.named_parameters() if p.grad is not None}
             torch.save({"loss": mean_loss / world, "grads": grads}, out)
+        # both ranks leave together: a rank that tears its gloo group down while the other is still saving was seen
+        # to leave that one waiting for ever (2026-12-06, one run in several)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
