@@ -10,7 +10,10 @@ single process's loss and gradients. ``step`` must pickle (a module-level functi
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -73,9 +76,52 @@ def two_ranks_and_one(tmp_path: Path, step: Step, batch: int,
     """(the 2 ranks' {"loss", "grads"}, the single process's loss, its gradients by parameter name); ``single``: the
     step the single process runs, if not ``step`` itself (e.g. without GradCache)."""
     out = tmp_path / "ddp.pt"
-    mp.spawn(_rank_main, args=(2, free_port(), step, batch, str(out)), nprocs=2, join=True)
+    spawn_ranks(_rank_main, (2, free_port(), step, batch, str(out)), tmp_path)
     encoder = tiny_encoder()
     loss = (single or step)(encoder, slice(0, batch))
     loss.backward()
     grads = {n: p.grad for n, p in encoder.named_parameters() if p.grad is not None}
     return torch.load(out), loss.item(), grads
+
+
+def _watched(rank: int, fn: Callable[..., None], stacks_after_s: float, done_dir: str, *args: Any) -> None:
+    """``fn(rank, *args)`` with its stacks printed (and the process ended) if it is still running after
+    ``stacks_after_s``; a file in ``done_dir`` says that it returned."""
+    faulthandler.dump_traceback_later(stacks_after_s, exit=True)
+    fn(rank, *args)
+    faulthandler.cancel_dump_traceback_later()
+    Path(done_dir, str(rank)).touch()
+
+
+def spawn_ranks(fn: Callable[..., None], args: tuple, tmp_path: Path, *, world: int = 2,
+                deadline_s: float = 240.0) -> None:
+    """``fn(rank, *args)`` on ``world`` spawned processes, as ``mp.spawn(..., join=True)`` but never waiting for ever.
+
+    A rank still inside ``fn`` after ``deadline_s`` prints its Python stacks to the test's stderr and exits, so the
+    test fails with where it hung (in CI one such wait once ran into the job's 90-minute limit, 2026-12-06). Ranks that
+    all returned from ``fn`` but do not exit (a gloo teardown at interpreter exit) are ended after a grace period:
+    what they computed is on disk already.
+    """
+    done_dir = tmp_path / f"ranks-done-{time.monotonic_ns()}"
+    done_dir.mkdir()
+    context = mp.start_processes(_watched, args=(fn, deadline_s, str(done_dir), *args), nprocs=world, join=False,
+                                 start_method="spawn")
+    give_up = time.monotonic() + deadline_s + 30
+    all_returned_at = None
+    while not context.join(timeout=2):
+        if all_returned_at is None and len(list(done_dir.iterdir())) == world:
+            all_returned_at = time.monotonic()
+        if all_returned_at is not None and time.monotonic() > all_returned_at + 30:
+            _end(context)
+            print(f"spawn_ranks: the {world} ranks returned but had not exited 30 s later; ended them", file=sys.stderr)
+            return
+        if time.monotonic() > give_up:
+            _end(context)
+            raise TimeoutError(f"{world} ranks still running after {deadline_s + 30:.0f} s (stacks above, on stderr)")
+
+
+def _end(context: Any) -> None:
+    for process in context.processes:
+        if process.is_alive():
+            process.kill()
+        process.join(5)

@@ -174,12 +174,11 @@ def _rank_main(rank: int, world: int, port: int, out: str) -> None:
 def test_two_ranks_equal_one_process_on_the_concatenated_batch(tmp_path):
     """Each rank's loss is the mean over its 3 queries; the all_gather's backward sums what every rank's loss sends
     to an embedding, so a rank's gradient is world x that of the mean loss over all 6 queries."""
-    import torch.multiprocessing as mp
-
     from tests.conftest import free_port
+    from tests.ddp_harness import spawn_ranks
 
     out = tmp_path / "ddp.pt"
-    mp.spawn(_rank_main, args=(2, free_port(), str(out)), nprocs=2, join=True)
+    spawn_ranks(_rank_main, (2, free_port(), str(out)), tmp_path)
     distributed = torch.load(out)
     for name, (k, mask) in DDP_OPTIONS.items():
         loss, grads = _loss_and_grads(slice(0, BATCH), k, mask)

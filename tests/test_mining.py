@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from gte_pro import packaged_minilm_path
 from gte_pro.config.defaults import default_mining_options
@@ -30,6 +29,7 @@ from gte_pro.mining.options import MiningOptions
 from gte_pro.mining.problem import build_problem
 from gte_pro.mining.rescore import rescore_window, window_options
 from tests.conftest import REPO, free_port, write_jsonl
+from tests.ddp_harness import spawn_ranks
 
 # the 2-process test's workers import this module: Lightning and Hydra (gte_pro.train) are imported where used
 
@@ -272,7 +272,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 
 def test_two_gloo_processes_mine_exactly_what_one_does(tmp_path: Path):
-    mp.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    spawn_ranks(_worker, (2, free_port(), str(tmp_path)), tmp_path)
     queries, corpus, positives = _problem()
     expected = {name: vars(_mine(queries, corpus, positives, options)) for name, options in SHARDED.items()}
     options = default_mining_options(5, 0, 20, relative_margin=None)

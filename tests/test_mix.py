@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from gte_pro.data.mix_sampling import MixSampler, offsets_of, source_probabilities
 from gte_pro.errors import DataError
 from tests.conftest import free_port, write_jsonl
+from tests.ddp_harness import spawn_ranks
 
 if TYPE_CHECKING:  # imported where used: the spawned DDP ranks import this file and need only the sampler
     from gte_pro.data.mix import MixDataModule
@@ -194,7 +194,7 @@ def test_same_source_batches_hold_across_two_ddp_ranks(sources: dict, tokenizer,
     module = _module(sources, tokenizer, batch_size=3, group_by_length=False)  # the ranks' sampler has no lengths
     counts, probabilities = list(module.source_rows.values()), list(module.probabilities.values())
     out = tmp_path / "steps.json"
-    mp.spawn(_rank_main, args=(2, free_port(), counts, probabilities, str(out)), nprocs=2, join=True)
+    spawn_ranks(_rank_main, (2, free_port(), counts, probabilities, str(out)), tmp_path)
     rank0, rank1 = json.loads(out.read_text())
     assert len(rank0) == len(rank1) == 2 * (sum(counts) // 6)  # two epochs of global batches of 2 x 3 rows
     chosen = []

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.utils.data import DistributedSampler
 
 from gte_pro.evaluation.metrics import evaluate_distributed, evaluate_embeddings, owned_mask, retrieval_metrics
 from gte_pro.evaluation.quantize import QUANTIZATIONS, int8_ranges, quantize
 from gte_pro.retrieval import rank_corpus, rows_where, sharded_rank
 from tests.conftest import free_port
+from tests.ddp_harness import spawn_ranks
 
 NUM_QUERIES, NUM_CORPUS, DIM = 40, 301, 16
 
@@ -73,7 +73,7 @@ def test_two_processes_give_the_one_process_numbers(tmp_path: Path, queries_firs
     one_process = evaluate_distributed(*_share(0, 1, queries_first), relevant, NUM_CORPUS,
                                        quantization=QUANTIZATIONS)
     assert {"ndcg@10_int8", "ndcg@10_binary"} <= set(one_process)
-    mp.spawn(_worker, args=(2, free_port(), str(tmp_path), queries_first), nprocs=2, join=True)
+    spawn_ranks(_worker, (2, free_port(), str(tmp_path), queries_first), tmp_path)
     results = [torch.load(tmp_path / f"{rank}.pt", weights_only=False) for rank in range(2)]
     # each rank ranked only its half of the corpus, yet both hold the global ranking and the same metrics
     assert sum(r["shard"] for r in results) == NUM_CORPUS and max(r["shard"] for r in results) < 0.6 * NUM_CORPUS
