@@ -239,5 +239,8 @@ def test_rescore_options_name_the_key(make_cfg):
     assert rescore_options({"rescore_with": "t", "rescore_kind": "embedder", "rescore_batch_size": 8,
                             "rescore_max_length": 64}).kind == "embedder"
     problems = config_problems(make_cfg(["mine.rescore_with='  '", "mine.rescore_max_length=0"]))
-    assert "mine.rescore_with='  ': expected a non-empty string or null" in problems
+    assert ("mine.rescore_with='  ': expected a folder or hub name, a non-empty list of them (an ensemble), or null"
+            in problems)
+    assert rescore_options({"rescore_with": ["a", "b"], "rescore_kind": None, "rescore_batch_size": 8,
+                            "rescore_max_length": 64}).name_or_path == ("a", "b")
     assert "mine.rescore_max_length=0: expected an integer >= 1" in problems

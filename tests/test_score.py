@@ -148,10 +148,17 @@ def test_a_bad_row_names_the_file_and_line_before_anything_is_scored(make_cfg, c
     assert not list((tmp_path / "run" / "score_shards").glob("*.jsonl"))
 
 
-def test_a_killed_run_resumes_to_the_same_bytes(make_cfg, cross_encoder: Path, train_file: Path, tmp_path: Path,
-                                                 monkeypatch):
+@pytest.mark.parametrize("kind", ["cross-encoder", "ensemble"])
+def test_a_killed_run_resumes_to_the_same_bytes(make_cfg, request, train_file: Path, tmp_path: Path, monkeypatch,
+                                                kind: str):
+    """A cross-encoder scores shard by shard; an ensemble (here of a cross-encoder and an embedder) scores the whole
+    file first, in batches made from the whole file, so the shards a resumed run writes are the same bytes too."""
     from gte_pro.scoring import core
     from gte_pro.scoring.shards import ShardFolder
+
+    cross_encoder = request.getfixturevalue("cross_encoder")
+    if kind == "ensemble":
+        cross_encoder = f"[{cross_encoder},{request.getfixturevalue('embedder')}]"
 
     _score(make_cfg, _overrides(cross_encoder, train_file), tmp_path / "whole")
     write = ShardFolder.write

@@ -125,6 +125,17 @@ def text(optional: bool = False) -> Rule:
     return Rule(check, "non-empty string" + (" or null" if optional else ""))
 
 
+def teachers() -> Rule:
+    """A teacher (a non-empty string), a list of them (an ensemble), or null."""
+    def check(value: Any) -> str | None:
+        if value is None or (isinstance(value, str) and value.strip()):
+            return None
+        if isinstance(value, list | tuple) and value and all(isinstance(v, str) and v.strip() for v in value):
+            return None
+        return "expected a folder or hub name, a non-empty list of them (an ensemble), or null"
+    return Rule(check, "a folder or hub name, a list of them (an ensemble), or null")
+
+
 def _devices(value: Any) -> str | None:
     try:
         device_count(value)

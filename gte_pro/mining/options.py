@@ -32,7 +32,8 @@ def mining_options(cfg_node: Any, seed: int) -> MiningOptions:
 # --- the teacher (mine.rescore_with) ------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class RescoreOptions:
-    name_or_path: str  # the teacher: a task=rerank export, a cross-encoder or an embedder (folder or hub name)
+    name_or_path: str | tuple[str, ...]  # the teacher: a task=rerank export, a cross-encoder or an embedder (folder
+    # or hub name), or several (an ensemble)
     kind: str | None  # cross-encoder | embedder; None: the folder's config.json says (load_teacher)
     batch_size: int  # pairs per teacher batch
     max_length: int  # the teacher's truncation (of the joined pair for a cross-encoder)
@@ -43,18 +44,22 @@ def rescore_options(cfg_node: Any) -> RescoreOptions | None:
     unset."""
     if cfg_node.get("rescore_with") is None:
         return None
-    return RescoreOptions(name_or_path=str(cfg_node["rescore_with"]), kind=cfg_node.get("rescore_kind"),
+    teacher = cfg_node["rescore_with"]
+    names = str(teacher) if isinstance(teacher, str) else tuple(map(str, teacher))
+    return RescoreOptions(name_or_path=names, kind=cfg_node.get("rescore_kind"),
                           batch_size=int(cfg_node["rescore_batch_size"]),
                           max_length=int(cfg_node["rescore_max_length"]))
 
 
 def teacher_margin_problems(options: MiningOptions, kind: str, where: str = "mine") -> list[str]:
     """The margins apply to the teacher's scores when it rescores: a relative margin is a fraction of the
-    positive's score, which a cross-encoder's logit does not have (no zero point, often negative)."""
-    if kind == "cross-encoder" and options.relative_margin is not None:
+    positive's score, which a cross-encoder's logit does not have (no zero point, often negative), nor an
+    ensemble's standardised score."""
+    if kind in ("cross-encoder", "ensemble") and options.relative_margin is not None:
+        scale = "logits" if kind == "cross-encoder" else "averages of standardised scores"
         return [f"{where}.relative_margin={options.relative_margin}: with {where}.rescore_with the margins apply to "
-                "the teacher's scores, and a cross-encoder's are logits, of which a fraction means nothing (a logit "
-                f"has no zero point and is often negative): set {where}.relative_margin=null, and give a margin in "
-                f"logits with {where}.absolute_margin=<m> (a candidate scoring at or above the positive is dropped "
-                "in any case)"]
+                f"the teacher's scores, and a {kind}'s are {scale}, of which a fraction means nothing (they have "
+                f"no zero point and are often negative): set {where}.relative_margin=null, and give a margin in "
+                f"their units with {where}.absolute_margin=<m> (a candidate scoring at or above the positive is "
+                "dropped in any case)"]
     return []

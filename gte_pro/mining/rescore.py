@@ -16,10 +16,11 @@ pair and every (query, positive) pair. Then, on the teacher's scores:
   kept negatives are written best first by teacher score, with the teacher's scores as ``neg_scores`` and those of
   the row's positives as ``pos_scores`` (FlagEmbedding's layout: ``loss=distill_kl`` trains on the file).
 
-Sharding. The pairs are sorted by characters (longest first, then pair order) and cut into batches of
-``rescore_batch_size``; rank r scores batches r, r + W, ... (one ``teacher.score`` call a batch), and the scores are
-gathered to every rank. A pair is scored in the same batch whatever the number of ranks, so its float32 score, and
-with it the mined file, does not depend on the world size. The teacher runs in float32 (its weights' dtype), outside
+Sharding (``gte_pro.scoring.pairs``). A cross-encoder's pairs are sorted by characters and cut into batches of
+``rescore_batch_size`` that the ranks share; an embedder teacher embeds each distinct query and document once, in
+batches the ranks share the same way; an ensemble does both for each member and averages the standardised scores.
+The scores are gathered to every rank. A batch is made from the texts alone, so every float32 score, and with it
+the mined file, does not depend on the world size. The teacher runs in float32 (its weights' dtype), outside
 the trainer's autocast.
 """
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,9 +39,7 @@ from gte_pro.mining.core import MinedNegatives, _too_close, pick_survivors
 from gte_pro.mining.options import MiningOptions
 from gte_pro.mining.problem import MiningCorpus
 from gte_pro.models.teacher import Teacher
-from gte_pro.retrieval import all_gather_rows
-from gte_pro.utils.distributed import world
-from gte_pro.utils.progress import Progress
+from gte_pro.scoring.pairs import teacher_scores
 
 
 def window_options(options: MiningOptions) -> MiningOptions:
@@ -88,36 +87,18 @@ def select_rescored(ids: torch.Tensor, scores: torch.Tensor, positive: torch.Ten
     return out_ids, out_scores, drop.sum(1)
 
 
-# --- scoring, sharded ----------------------------------------------------------------------------------------------
-def score_pairs(teacher: Teacher, pair_texts: Callable[[np.ndarray], tuple[list[str], list[str]]], chars: np.ndarray,
-                batch_size: int, device: Any = "cpu") -> torch.Tensor:
-    """The teacher's score of every pair (n,) float32 on the CPU, on every rank (collective under
-    torch.distributed: each rank of ``world()`` scores its share of the batches). ``pair_texts(indices)``:
-    (queries, documents) of those pairs; ``chars``: each pair's length, which orders the batches (see the module
-    doc)."""
-    order = np.lexsort((np.arange(len(chars)), -np.asarray(chars, dtype=np.int64)))
-    rank, world_size = world()
-    batches = [order[start : start + batch_size] for start in range(rank * batch_size, len(order),
-                                                                    world_size * batch_size)]
-    count = sum(map(len, batches))
-    note = f" (rank 0's share of {world_size} ranks)" if world_size > 1 else ""
-    progress = Progress("rescoring with the teacher", count, unit="pairs", quiet=rank != 0, note=note)
-    local, done = torch.empty(count), 0
-    for batch in batches:
-        queries, docs = pair_texts(batch)
-        local[done : done + len(batch)] = teacher.score(queries, docs, batch_size=len(batch)).float().cpu()
-        done += len(batch)
-        progress.update(done)
-    progress.finish()
-    index = torch.from_numpy(np.concatenate(batches) if batches else np.empty(0, dtype=np.int64))
-    values, _ = all_gather_rows(local.to(device))
-    where, _ = all_gather_rows(index.to(device))
-    out = torch.full((len(chars),), math.nan)
-    out[where.cpu()] = values.cpu()
-    if len(where) != len(chars) or not bool(torch.isfinite(out).all()):
-        raise RuntimeError(f"rescoring: {int(torch.isfinite(out).sum())} of {len(chars)} pairs have a finite "
-                           f"teacher score: a rank's share is missing or {teacher.name_or_path} returned nan/inf")
-    return out
+# --- scoring ------------------------------------------------------------------------------------------------------
+class _Joined(Sequence[str]):
+    """Two text tables read as one (the corpus, then the held-out rows' own texts), without copying the corpus."""
+
+    def __init__(self, first: Sequence[str], second: Sequence[str]) -> None:
+        self.first, self.second = first, second
+
+    def __len__(self) -> int:
+        return len(self.first) + len(self.second)
+
+    def __getitem__(self, i: int) -> str:  # type: ignore[override]
+        return self.first[i] if i < len(self.first) else self.second[i - len(self.first)]
 
 
 def corpus_chars(corpus: Sequence[str]) -> np.ndarray:
@@ -153,13 +134,13 @@ def rescore_window(teacher: Teacher, queries: Sequence[str], corpus: Sequence[st
                             np.asarray([len(q) + len(d) for q, d in zip(held_query, held_doc, strict=True)],
                                        dtype=np.int64)])
     mined_pairs = len(query_of)
-
-    def pair_texts(batch: np.ndarray) -> tuple[list[str], list[str]]:
-        pairs = [(queries[query_of[i]], corpus[int(doc_of[i])]) if i < mined_pairs
-                 else (held_query[i - mined_pairs], held_doc[i - mined_pairs]) for i in batch.tolist()]
-        return [q for q, _ in pairs], [d for _, d in pairs]
-
-    scores = score_pairs(teacher, pair_texts, chars, batch_size, device)
+    held = np.arange(len(held_query), dtype=np.int64)
+    scores = teacher_scores(teacher, _Joined(queries, held_query), _Joined(corpus, held_doc),
+                            np.concatenate([query_of, len(queries) + held]),
+                            np.concatenate([doc_of, len(corpus) + held]), batch_size, device, chars)
+    if not bool(torch.isfinite(scores).all()):
+        raise RuntimeError(f"rescoring: {int((~torch.isfinite(scores)).sum())} of {len(scores)} pairs have no finite "
+                           f"teacher score: {teacher.name_or_path} returned nan/inf")
     positive = torch.full((len(queries),), math.inf).scatter_reduce(
         0, torch.from_numpy(pos_query), scores[: len(pos_query)], reduce="amin")
     positive = torch.where(torch.isinf(positive), math.nan, positive)

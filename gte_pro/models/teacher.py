@@ -3,7 +3,12 @@
 A teacher is a cross-encoder (a folder or hub name whose ``config.json`` names a ``*ForSequenceClassification``
 architecture: gte-pro's ``task=rerank`` exports, sentence-transformers' CrossEncoder folders, BAAI/bge-reranker-*,
 Alibaba-NLP/gte-*-reranker-*), scoring each pair with its logit, or any embedder, scoring each pair with the
-similarity of the two embeddings (cosine when the embedder normalises, as the embedder's own training does).
+similarity of the two embeddings (cosine when the embedder normalises, as the embedder's own training does), or an
+ensemble of several teachers (a list: ``score.teacher=[a,b,c]``), whose scores are each member's standardised over
+the job's pairs, averaged (``gte_pro.scoring.pairs``).
+
+A job scores its pairs through ``gte_pro.scoring.pairs.teacher_scores``, which embeds each distinct text of an
+embedder teacher once per job; ``Teacher.score`` scores the pairs it is given, as one call.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ class EmbedderTeacher:
         self.name_or_path = model.name_or_path
 
     def score(self, queries: Sequence[str], docs: Sequence[str], batch_size: int = 64) -> torch.Tensor:
-        """Each distinct text is embedded once (a row's query recurs with each of its documents)."""
+        """Each distinct text of the call is embedded once (a row's query recurs with each of its documents)."""
         if len(queries) != len(docs):
             raise ValueError(f"score: {len(queries)} queries for {len(docs)} documents")
         distinct_queries = list(dict.fromkeys(queries))
@@ -71,6 +76,30 @@ class EmbedderTeacher:
         return self
 
 
+class EnsembleTeacher:
+    """Several teachers as one: each member's scores standardised over the pairs scored together (a job's pairs in
+    ``gte_pro.scoring.pairs``, the pairs of one call here), averaged."""
+
+    kind = "ensemble"
+
+    def __init__(self, members: Sequence[Teacher]) -> None:
+        if len(members) < 2:
+            raise ValueError("an ensemble needs at least two teachers")
+        self.members = list(members)
+        self.name_or_path = "[" + ", ".join(member.name_or_path for member in self.members) + "]"
+
+    def score(self, queries: Sequence[str], docs: Sequence[str], batch_size: int = 64) -> torch.Tensor:
+        from gte_pro.scoring.pairs import standardised
+
+        scores = [standardised(member.score(queries, docs, batch_size).float().cpu()) for member in self.members]
+        return torch.stack(scores).double().mean(0).float()
+
+    def to(self, device: torch.device | str) -> EnsembleTeacher:
+        for member in self.members:
+            member.to(device)
+        return self
+
+
 def is_cross_encoder(name_or_path: str | Path) -> bool:
     """Whether a local folder holds a sequence-classification checkpoint (hub names: see ``load_teacher``)."""
     config = Path(name_or_path).expanduser() / "config.json"
@@ -80,10 +109,14 @@ def is_cross_encoder(name_or_path: str | Path) -> bool:
     return any(name.endswith("ForSequenceClassification") for name in architectures)
 
 
-def load_teacher(name_or_path: str, max_length: int = 512, trust_remote_code: bool = False,
+def load_teacher(name_or_path: str | Sequence[str], max_length: int = 512, trust_remote_code: bool = False,
                  kind: str | None = None) -> Teacher:
-    """The teacher at ``name_or_path``. ``kind``: ``cross-encoder`` or ``embedder``; None: a local folder says
-    which by its ``config.json``, and a hub name is read as a cross-encoder (the usual teacher)."""
+    """The teacher at ``name_or_path``, or the ensemble of the teachers of a list. ``kind``: ``cross-encoder`` or
+    ``embedder`` (for every member of a list); None: a local folder says which by its ``config.json``, and a hub name
+    is read as a cross-encoder (the usual teacher)."""
+    if not isinstance(name_or_path, str | Path):
+        members = [load_teacher(str(name), max_length, trust_remote_code, kind) for name in name_or_path]
+        return members[0] if len(members) == 1 else EnsembleTeacher(members)
     folder = Path(str(name_or_path)).expanduser()
     if kind is None:
         kind = "cross-encoder" if is_cross_encoder(folder) or not folder.exists() else "embedder"

@@ -28,7 +28,14 @@ from torch import nn
 from gte_pro.errors import ConfigError, MissingModelError
 from gte_pro.models.teacher import Teacher, load_teacher
 from gte_pro.modes.build import build_fabric, on_device, start_run
-from gte_pro.scoring.core import ShardPlan, plan_shards, score_rank, teacher_settings
+from gte_pro.scoring.core import (
+    ShardPlan,
+    file_scores,
+    plan_shards,
+    score_rank,
+    scores_whole_file,
+    teacher_settings,
+)
 from gte_pro.scoring.report import write_score_outputs
 from gte_pro.scoring.shards import ShardFolder
 from gte_pro.utils.timing import peak_rss_mb_per_rank
@@ -41,14 +48,17 @@ def score_shards(fabric: Fabric, teacher: Teacher, source: str, shards: ShardFol
     """Plans the shards and scores this rank's share with the teacher on its device in the run's precision; the
     ranks wait for each other after planning (so that no rank counts another's new shard as an old one) and after
     scoring (so that rank 0 finds every shard). The plan, and this rank's pairs and seconds."""
-    if isinstance(getattr(teacher, "model", None), nn.Module):
-        on_device(fabric, teacher.model)  # the run's precision (bf16-true, ...), as for a module
+    for member in getattr(teacher, "members", [teacher]):
+        if isinstance(getattr(member, "model", None), nn.Module):
+            on_device(fabric, member.model)  # the run's precision (bf16-true, ...), as for a module
     teacher.to(fabric.device)
     shards.prepare()
     plan = plan_shards(source, shard_rows, shards)
     fabric.barrier()
     with torch.inference_mode():
-        timing = score_rank(teacher, source, shard_rows, batch_size, shards, plan, fabric.autocast)
+        scores = (file_scores(teacher, source, shard_rows, batch_size, fabric.device, fabric.autocast)
+                  if scores_whole_file(teacher) and plan.pending_pairs else None)
+        timing = score_rank(teacher, source, shard_rows, batch_size, shards, plan, fabric.autocast, scores)
     fabric.barrier()
     return plan, timing
 
@@ -77,8 +87,10 @@ def score(cfg: DictConfig) -> None:
     if output.resolve() == source.resolve():
         raise ConfigError(f"score.output={output} is the input file", hint="write the scores to another file")
     batch_size, max_length, shard_rows = int(options.batch_size), int(options.max_length), int(options.shard_rows)
-    name = str(options.teacher)
-    name = str(Path(name).expanduser()) if name.startswith("~") else name  # a hub name stays as written
+    names = [options.teacher] if isinstance(options.teacher, str) else list(options.teacher)
+    # a hub name stays as written
+    names = [str(Path(name).expanduser()) if str(name).startswith("~") else str(name) for name in names]
+    name = names[0] if len(names) == 1 else names
     try:
         teacher = load_teacher(name, max_length, bool(options.trust_remote_code), options.teacher_kind)
     except MissingModelError as err:  # it names model.name_or_path, the key of the models it loads

@@ -5,7 +5,7 @@ from typing import Any
 
 from omegaconf import II
 
-from gte_pro.config.rules import choice, integer, number, text
+from gte_pro.config.rules import choice, integer, number, teachers, text
 from gte_pro.config.schema.types import setting
 
 SAMPLING = ("top", "random")
@@ -35,10 +35,11 @@ class MineSchema:
     output: str | None = setting(None, "the mined JSON-lines file; null: <run dir>/mined.jsonl", text(optional=True))
     max_scores_per_chunk: int = setting(2**24, "bounds the (queries x corpus) block of scores held at once "
                                         "(entries; 2^24 = 64 MB of float32)", integer(1))
-    rescore_with: str | None = setting(
+    rescore_with: Any = setting(
         None, "a teacher that judges the window (mode=mine only): a task=rerank export, a cross-encoder or an "
-        "embedder; drops candidates it scores at or above the positive, and writes pos_scores/neg_scores (for "
-        "loss=distill_kl); null: no rescoring", text(optional=True))
+        "embedder, or a list of them (an ensemble: standardised scores, averaged); drops candidates it scores at or "
+        "above the positive, and writes pos_scores/neg_scores (for loss=distill_kl); null: no rescoring",
+        teachers())
     rescore_kind: str | None = setting(None, "cross-encoder or embedder; null: a folder's config.json says "
                                        "(*ForSequenceClassification: a cross-encoder)", choice(None, *TEACHER_KINDS))
     rescore_batch_size: int = setting(64, "(query, document) pairs per teacher batch", integer(1))

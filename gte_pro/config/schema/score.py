@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gte_pro.config.rules import FLAG as IS_FLAG
-from gte_pro.config.rules import choice, integer, text
+from gte_pro.config.rules import choice, integer, teachers, text
 from gte_pro.config.schema.mining import TEACHER_KINDS
 from gte_pro.config.schema.types import setting
 
@@ -13,9 +13,9 @@ from gte_pro.config.schema.types import setting
 class ScoreSchema:
     """Teacher scores: ``mode=score`` (conf/score/default.yaml says what it writes)."""
 
-    teacher: str | None = setting(None, "the teacher (required with mode=score): a cross-encoder folder or hub name "
-                                  "(rerank exports, CrossEncoder folders, BAAI/bge-reranker-*), or any embedder",
-                                  text(optional=True))
+    teacher: Any = setting(None, "the teacher (required with mode=score): a cross-encoder folder or hub name "
+                           "(rerank exports, CrossEncoder folders, BAAI/bge-reranker-*), or any embedder; a list: an "
+                           "ensemble, each member's scores standardised over the file's pairs, averaged", teachers())
     teacher_kind: str | None = setting(None, "cross-encoder or embedder; null: a local folder's config.json says, a "
                                        "hub name is read as a cross-encoder", choice(*TEACHER_KINDS, None))
     trust_remote_code: Any = setting(False, "the teacher's own code from the hub: only for a teacher you trust",
