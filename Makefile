@@ -75,6 +75,10 @@ config-tables: install
 #   rescoring vs distilled (KL) from the project's own reranker vs distilled + InfoNCE; the reranker's NDCG@10 on the
 #   embedder's top 100, and each pipeline's wall time (hours on 2 CPU cores; --dry-run prints the commands)
 #   make bench-teachers ARGS="--seeds 1,2,3 --max-train 1000 --max-test 200 --steps 40 --range-max 30"
+# bench-teacher-speed: an embedder teacher rescoring a mined window (2,000 demo rows, window 10-50): pairs/s of the
+#   per-batch route (before issue 31; sampled) vs each distinct text embedded once (all-mpnet-base-v2 after
+#   `make fetch-mpnet`, else MiniLM; ~10 min on 2 CPU cores)
+#   make bench-teacher-speed ARGS="--rows 500 --sample-pairs 1000 --teacher <embedder folder>"
 # bench-options: full fine-tune vs LoRA vs Matryoshka vs projection head at equal steps on pydocs: NDCG@10 (full and
 #   truncated), trainable parameters, samples/s, peak RSS (~35 min on 2 CPU cores with the settings in the README)
 # bench-modernbert: ModernBERT's training step by attention implementation and length chunks, interleaved rounds

@@ -21,6 +21,11 @@ Once, before the students (each ``python train.py`` in a fresh process, recorded
   score     ``mode=score score.teacher=<reranker>`` on ``mined.jsonl`` (``scored.jsonl``: the same negatives as
             ``mined``, with the reranker's scores)
 
+After the ``mined`` students of every seed (they are the ensemble):
+
+  ensemble  ``mode=score score.teacher=[<mined seed 1>,<mined seed 2>,...]`` on ``mined.jsonl``
+            (``ensemble_scored.jsonl``: each member's cosines standardised over the file's pairs, averaged)
+
 The students (the base overrides of ``benchmarks/pydocs_runs.py``, seed=S):
 
   inbatch          train.jsonl, data.num_negatives=0, loss=infonce
@@ -28,6 +33,8 @@ The students (the base overrides of ``benchmarks/pydocs_runs.py``, seed=S):
   rescored         rescored.jsonl, K negatives, loss=infonce
   distill          scored.jsonl, K negatives, loss=distill_kl loss.weight_infonce=0 (the teacher's distribution only)
   distill-infonce  scored.jsonl, K negatives, loss=distill_kl (+ InfoNCE's in-batch term, weight 1)
+  distill-ensemble ensemble_scored.jsonl, K negatives, loss=distill_kl (+ InfoNCE, weight 1),
+                   loss.teacher_temperature=--ensemble-temperature (the ensemble's scores are z-scores)
 
 A pipeline's wall time is its student's plus the one-off steps it needs (mined: mine; rescored: mine, reranker,
 rescore; distill: mine, reranker, score). The summary says whether the best distilled student beats ``mined`` by
@@ -59,10 +66,12 @@ from pydocs_runs import (
     untrained_metrics,
 )
 
-VARIANTS = ("inbatch", "mined", "rescored", "distill", "distill-infonce")
+VARIANTS = ("inbatch", "mined", "rescored", "distill", "distill-infonce", "distill-ensemble")
 # the one-off steps each student's file needs, in order
 NEEDS = {"inbatch": (), "mined": ("mine",), "rescored": ("mine", "reranker", "rescore"),
-         "distill": ("mine", "reranker", "score"), "distill-infonce": ("mine", "reranker", "score")}
+         "distill": ("mine", "reranker", "score"), "distill-infonce": ("mine", "reranker", "score"),
+         "distill-ensemble": ("mine", "ensemble")}
+LATE_STEPS = ("ensemble",)  # run after every seed's ``mined`` student: those students are the ensemble
 
 
 def work(args: argparse.Namespace) -> Path:
@@ -101,14 +110,21 @@ def step_commands(args: argparse.Namespace, data: Path) -> dict[str, list[str]]:
                                        f"score.teacher={reranker_model(args)}", cache,
                                        f"score.output={work(args) / 'scored.jsonl'}",
                                        f"hydra.run.dir={runs(args) / 'score'}", *args.override),
+        "ensemble": harness.train_command(
+            "mode=score", "data=jsonl", f"data.train_file={work(args) / 'mined.jsonl'}", cache,
+            "score.teacher=[" + ",".join(str(run_dir("mined", seed, args) / "model") for seed in args.seed_list) + "]",
+            "score.teacher_kind=embedder", f"score.max_length={args.ensemble_max_length}",
+            f"score.output={work(args) / 'ensemble_scored.jsonl'}", f"hydra.run.dir={runs(args) / 'ensemble'}",
+            *args.override),
     }
 
 
 def train_command(variant: str, seed: int, args: argparse.Namespace, data: Path) -> list[str]:
     files = {"inbatch": data / "train.jsonl", "mined": work(args) / "mined.jsonl",
              "rescored": work(args) / "rescored.jsonl", "distill": work(args) / "scored.jsonl",
-             "distill-infonce": work(args) / "scored.jsonl"}
-    loss = {"distill": ["loss=distill_kl", "loss.weight_infonce=0"], "distill-infonce": ["loss=distill_kl"]}.get(
+             "distill-infonce": work(args) / "scored.jsonl", "distill-ensemble": work(args) / "ensemble_scored.jsonl"}
+    loss = {"distill": ["loss=distill_kl", "loss.weight_infonce=0"], "distill-infonce": ["loss=distill_kl"],
+            "distill-ensemble": ["loss=distill_kl", f"loss.teacher_temperature={args.ensemble_temperature}"]}.get(
         variant, ["loss=infonce"])
     negatives = 0 if variant == "inbatch" else args.negatives
     return harness.train_command(*common_overrides(args, data), f"data.train_file={files[variant]}", *loss,
@@ -120,12 +136,18 @@ def run_dir(variant: str, seed: int, args: argparse.Namespace) -> Path:
     return runs(args) / variant / f"seed{seed}"
 
 
-def run_steps(args: argparse.Namespace, data: Path) -> dict[str, Result]:
-    """The one-off steps the chosen students need, in order; a step whose input failed is not run."""
-    wanted = [step for step in ("mine", "reranker", "rescore", "score")
-              if any(step in NEEDS[v] for v in args.variant_list)]
-    commands, done = step_commands(args, data), {}
-    inputs = {"reranker": "mine", "rescore": "reranker", "score": "reranker"}
+def wanted_steps(args: argparse.Namespace, late: bool) -> list[str]:
+    return [step for step in ("mine", "reranker", "rescore", "score", "ensemble")
+            if (step in LATE_STEPS) == late and any(step in NEEDS[v] for v in args.variant_list)]
+
+
+def run_steps(args: argparse.Namespace, data: Path, late: bool = False,
+              done: dict[str, Result] | None = None) -> dict[str, Result]:
+    """The one-off steps the chosen students need (``late``: those after the ``mined`` students), in order; a step
+    whose input failed is not run."""
+    wanted = wanted_steps(args, late)
+    commands, done = step_commands(args, data), dict(done or {})
+    inputs = {"reranker": "mine", "rescore": "reranker", "score": "reranker", "ensemble": "mine"}
     for step in wanted:
         before = inputs.get(step)
         if before and "error" in done.get(before, {}):
@@ -185,7 +207,11 @@ def verdict(table: list[Result], steps: dict[str, Result]) -> list[str]:
                      f"{reranker['retriever_ndcg']:.4f} for the embedder's own order ({gain:+.4f}): "
                      f"{'above' if gain > 0 else 'NOT above'} the embedder it reranks")
     base = by_name.get("mined")
-    distilled = [by_name[v] for v in ("distill", "distill-infonce") if v in by_name]
+    distilled = [by_name[v] for v in ("distill", "distill-infonce", "distill-ensemble") if v in by_name]
+    if base and "distill-ensemble" in by_name:
+        gain = by_name["distill-ensemble"]["mean"] - base["mean"]
+        lines.append(f"distill-ensemble {gain:+.4f} NDCG@10 over mined (mean of seeds; goal: +0.005): "
+                     f"{'met' if gain >= 0.005 else 'NOT met'}")
     if base and distilled:
         best = max(distilled, key=lambda r: r["mean"])
         margin = best["mean"] - base["mean"]
@@ -231,21 +257,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rerank-depth", type=int, default=100)
     parser.add_argument("--range-max", type=int, default=100,
                         help="mine.range_max of both minings: the window a teacher rescores (range_min is 10)")
+    parser.add_argument("--ensemble-temperature", default="0.5",
+                        help="distill-ensemble's loss.teacher_temperature: its scores are z-scores, about cosines / "
+                             "their std (~0.1), so 0.5 reads them as cosines at 0.05, a sentence-transformers "
+                             "embedder's training temperature")
+    parser.add_argument("--ensemble-max-length", type=int, default=128, help="score.max_length of the ensemble")
     return finish_arguments(parser, parser.parse_args(argv), VARIANTS)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     data = pydocs_set(args)
-    wanted = [s for s in ("mine", "reranker", "rescore", "score") if any(s in NEEDS[v] for v in args.variant_list)]
-    commands = [untrained_command(args, data), *(step_commands(args, data)[s] for s in wanted)] + [
-        train_command(v, s, args, data) for s in args.seed_list for v in args.variant_list]
+    if "distill-ensemble" in args.variant_list and "mined" not in args.variant_list:
+        raise SystemExit("--variants: distill-ensemble needs mined (its students are the ensemble)")
+    early = [v for v in args.variant_list if not set(NEEDS[v]) & set(LATE_STEPS)]
+    late = [v for v in args.variant_list if v not in early]
+    commands = [untrained_command(args, data), *(step_commands(args, data)[s] for s in wanted_steps(args, False))]
+    commands += [train_command(v, s, args, data) for s in args.seed_list for v in early]
+    commands += [*(step_commands(args, data)[s] for s in wanted_steps(args, True))]
+    commands += [train_command(v, s, args, data) for s in args.seed_list for v in late]
     if not announce(commands, args):
         return
     before = (untrained_metrics(args, data) or {}).get("ndcg@10")
     steps = run_steps(args, data)
     # seed-major order: a benchmark cut short still has every variant at the first seeds
-    rows = [train_one(v, s, args, data, steps) for s in args.seed_list for v in args.variant_list]
+    rows = [train_one(v, s, args, data, steps) for s in args.seed_list for v in early]
+    if late:
+        steps = run_steps(args, data, late=True, done=steps)
+        rows += [train_one(v, s, args, data, steps) for s in args.seed_list for v in late]
     table = summarize(rows, args, steps)
     report(rows, table, args, before, steps)
     save(args, commands, steps=steps, runs=rows, table=table)

@@ -5,9 +5,9 @@ architecture: gte-pro's ``task=rerank`` exports, sentence-transformers' CrossEnc
 Alibaba-NLP/gte-*-reranker-*), scoring each pair with its logit, or any embedder, scoring each pair with the
 similarity of the two embeddings (cosine when the embedder normalises, as the embedder's own training does), or an
 ensemble of several teachers (a list: ``score.teacher=[a,b,c]``), whose scores are each member's standardised over
-the job's pairs, averaged (``gte_pro.scoring.pairs``).
+the job's pairs, averaged (``gte_pro.models.teacher_pairs``).
 
-A job scores its pairs through ``gte_pro.scoring.pairs.teacher_scores``, which embeds each distinct text of an
+A job scores its pairs through ``gte_pro.models.teacher_pairs.teacher_scores``, which embeds each distinct text of an
 embedder teacher once per job; ``Teacher.score`` scores the pairs it is given, as one call.
 """
 
@@ -76,9 +76,16 @@ class EmbedderTeacher:
         return self
 
 
+def standardised(scores: torch.Tensor) -> torch.Tensor:
+    """(s - mean) / std over all the job's pairs (float64 statistics; std 0: centred only)."""
+    values = scores.double()
+    std = float(values.std()) if len(values) > 1 else 0.0
+    return ((values - values.mean()) / (std if std > 0 else 1.0)).float()
+
+
 class EnsembleTeacher:
     """Several teachers as one: each member's scores standardised over the pairs scored together (a job's pairs in
-    ``gte_pro.scoring.pairs``, the pairs of one call here), averaged."""
+    ``gte_pro.models.teacher_pairs``, the pairs of one call here), averaged."""
 
     kind = "ensemble"
 
@@ -89,8 +96,6 @@ class EnsembleTeacher:
         self.name_or_path = "[" + ", ".join(member.name_or_path for member in self.members) + "]"
 
     def score(self, queries: Sequence[str], docs: Sequence[str], batch_size: int = 64) -> torch.Tensor:
-        from gte_pro.scoring.pairs import standardised
-
         scores = [standardised(member.score(queries, docs, batch_size).float().cpu()) for member in self.members]
         return torch.stack(scores).double().mean(0).float()
 
