@@ -79,6 +79,9 @@ def test_own_candidates_follow_the_losses_column_layout():
     # 2 rows, k = 2: columns [pos0, pos1, n0a, n0b, n1a, n1b]
     scores = torch.arange(12.0).reshape(2, 6)
     assert tm.own_candidates(scores, torch.tensor([0, 1]), 2).tolist() == [[0, 2, 3], [7, 10, 11]]
+    # under DDP: rank 1 of 2 holds global rows 2 and 3 of [pos0..pos3, n0..n3] (k = 1), its labels offset by 2
+    gathered = torch.arange(16.0).reshape(2, 8)
+    assert tm.own_candidates(gathered, torch.tensor([2, 3]), 1).tolist() == [[2, 6], [11, 15]]
 
 
 def test_step_telemetry_reads_the_losses_scores_and_embeddings():
