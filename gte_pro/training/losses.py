@@ -27,6 +27,9 @@ class LossOutput:
     loss: torch.Tensor
     scores: torch.Tensor  # (B_local, num_candidates) query-document scores (``similarity``), before temperature
     labels: torch.Tensor  # (B_local,) column of each query's positive in ``scores``
+    # this rank's query and positive embeddings (detached, full width), for the telemetry (gte_pro.training.telemetry)
+    query: torch.Tensor | None = None
+    positive: torch.Tensor | None = None
 
 
 def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
@@ -149,6 +152,13 @@ class ContrastiveLoss(nn.Module, abc.ABC):
     def forward(self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None = None,
                 teacher_scores: torch.Tensor | None = None) -> LossOutput:
         """``teacher_scores`` (B_local, 1 + k): the batch's teacher scores, read by the distillation losses only."""
+        out = self._forward(query, positive, negatives, teacher_scores)
+        # references to tensors the step holds anyway: the telemetry reads them without another forward pass
+        out.query, out.positive = query.detach(), positive.detach()
+        return out
+
+    def _forward(self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None,
+                 teacher_scores: torch.Tensor | None) -> LossOutput:
         batch = self._gathered(query, positive, negatives)
         batch.negatives, batch.teacher = negatives if batch.num_negatives else None, teacher_scores
         if not self.matryoshka_dims:

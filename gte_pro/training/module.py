@@ -16,6 +16,7 @@ from gte_pro.evaluation.rows import ValidationRows
 from gte_pro.training.base_module import TrainingModule
 from gte_pro.training.gradcache import cached_loss
 from gte_pro.training.losses import LossOutput, split_documents
+from gte_pro.training.telemetry import step_telemetry, telemetry_due
 
 log = logging.getLogger(__name__)
 
@@ -25,11 +26,13 @@ class ContrastiveModule(TrainingModule):
     DDP, and retrieval validation over the held-out corpus and any named sets."""
 
     def __init__(self, *args: Any, eval_quantization: Sequence[str] = (), eval_dims: Sequence[int] = (),
-                 **kwargs: Any) -> None:
+                 telemetry_every_n_steps: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._warned_accumulation = False
         self.eval_quantization = tuple(eval_quantization)  # validation also ranks quantized embeddings
         self.eval_dims = tuple(eval_dims)  # ... and the first d dimensions of the embeddings, for each d
+        self.telemetry_every_n_steps = telemetry_every_n_steps or 0  # telemetry/* every N steps (0: off)
+        self._telemetry_step = -1  # the step last logged
         # per validation dataloader: the signed ids and embeddings this rank computed
         self._val_rows: dict[int, ValidationRows] = {}
 
@@ -37,7 +40,9 @@ class ContrastiveModule(TrainingModule):
     def options_from_config(cls, config: dict[str, Any]) -> dict[str, Any]:
         evaluation = config.get("eval") or {}
         return {"eval_quantization": evaluation.get("quantization") or (),
-                "eval_dims": evaluation.get("truncate_dims") or ()}
+                "eval_dims": evaluation.get("truncate_dims") or (),
+                # a checkpoint saved before the key existed gets the schema's default
+                "telemetry_every_n_steps": evaluation.get("telemetry_every_n_steps", 50)}
 
     # --- training ---------------------------------------------------------------------------------------------
     @property
@@ -79,7 +84,26 @@ class ContrastiveModule(TrainingModule):
         out = self._contrastive_loss(batch)
         self.guard.observe(batch, out.loss)
         self._log_train_metrics(out, batch["query"]["input_ids"].shape[0])
+        self._log_telemetry(out, batch)
         return out.loss
+
+    def _log_telemetry(self, out: LossOutput, batch: dict[str, Any]) -> None:
+        """``eval.telemetry_every_n_steps``: telemetry/* (gte_pro.training.telemetry) from the step's own scores and
+        embeddings, written to the loggers at the step the train metrics carry.
+
+        Straight to the loggers, not through ``self.log``: Lightning writes every step value it holds at each step it
+        writes, so figures logged every N steps would be written again, stale, at the written steps in between.
+        Loggers write on rank 0 only; no collective is added that ranks could disagree about."""
+        if not self.telemetry_every_n_steps or not self.loggers:
+            return
+        step = self.trainer.fit_loop.epoch_loop._batches_that_stepped  # the step column of this step's train metrics
+        if not telemetry_due(step + 1, self.telemetry_every_n_steps) or step == self._telemetry_step:
+            return
+        self._telemetry_step = step  # accumulated micro-batches share their step: the first one's figures
+        figures = step_telemetry(out.scores, out.labels, out.query, out.positive, batch["num_negatives"],
+                                 batch.get("teacher_scores"))
+        for logger in self.loggers:
+            logger.log_metrics(figures, step=step)
 
     def _contrastive_loss(self, batch: dict[str, Any]) -> LossOutput:
         queries, docs, k = batch["query"], batch["doc"], batch["num_negatives"]

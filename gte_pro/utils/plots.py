@@ -1,6 +1,7 @@
 """Pictures of runs and sweeps, made from the runs' own logged metrics (the CSV logger's ``metrics.csv``), headless.
 
-- a run: ``<run>/curves.png`` (train loss, learning rate, validation metrics against the optimizer step);
+- a run: ``<run>/curves.png`` (train loss, learning rate, validation metrics against the optimizer step, and the
+  telemetry/* series when logged);
 - a sweep: ``<sweep>/report.md`` with ``metric_vs_<key>.png`` for each swept key (the optimised metric against its
   values) and ``curves.png`` (every job's train loss and validation metric overlaid), the best job marked.
 
@@ -80,14 +81,24 @@ def _validation(curves: dict[str, Curve], metric: str = "ndcg@10") -> dict[str, 
     return {name: curve for name, curve in curves.items() if name.startswith("val/") and name.endswith("/" + metric)}
 
 
+# the telemetry panels (gte_pro.training.telemetry): title and the series drawn in it
+TELEMETRY_PANELS = (
+    ("in-batch false-negative rate", ("telemetry/false_negative_rate",)),
+    ("alignment (lower: pairs closer) / uniformity (lower: spread)", ("telemetry/alignment", "telemetry/uniformity")),
+    ("agreement with the teacher", ("telemetry/teacher_agreement", "telemetry/teacher_spearman")),
+)
+
+
 def plot_run(run_dir: Path) -> Path | None:
-    """``<run>/curves.png``: train loss, learning rate and validation NDCG@10 against the step; None without a CSV
-    log."""
+    """``<run>/curves.png``: train loss, learning rate and validation NDCG@10 against the step, and a second row with
+    the telemetry/* series when the run logged them; None without a CSV log."""
     curves = read_curves(run_dir)
     if not curves:
         return None
     plt = _pyplot()
-    figure, (loss_ax, lr_ax, val_ax) = plt.subplots(1, 3, figsize=(15, 4))
+    telemetry = any(name.startswith("telemetry/") for name in curves)
+    figure, axes = plt.subplots(2 if telemetry else 1, 3, figsize=(15, 8 if telemetry else 4), squeeze=False)
+    loss_ax, lr_ax, val_ax = axes[0]
     _line(loss_ax, curves.get("train/loss", []), "train/loss")
     loss_ax.set(title="train loss", xlabel="step")
     lr = _learning_rate(curves)
@@ -97,7 +108,12 @@ def plot_run(run_dir: Path) -> Path | None:
     for name, curve in _validation(curves).items():
         _line(val_ax, curve, name, marker="o")
     val_ax.set(title="validation NDCG@10", xlabel="step")
-    for ax in (loss_ax, lr_ax, val_ax):
+    if telemetry:
+        for ax, (title, names) in zip(axes[1], TELEMETRY_PANELS, strict=True):
+            for name in names:
+                _line(ax, curves.get(name, []), name, marker=".")
+            ax.set(title=title, xlabel="step")
+    for ax in axes.flat:
         if ax.lines:
             ax.legend(fontsize=8)
     return _save(plt, figure, run_dir / "curves.png")

@@ -26,6 +26,9 @@ class EvalSchema:
     truncate_dims: list[int] | None = setting(II("oc.select:loss.matryoshka_dims,null"), "also evaluate the first d "
                                               "dimensions, for each d; by default loss.matryoshka_dims; null: none",
                                               int_list(1))
+    telemetry_every_n_steps: int | None = setting(50, "log telemetry/* (in-batch false-negative rate, alignment, "
+                                                  "uniformity, teacher agreement) every N training steps, from the "
+                                                  "loss's own embeddings; 0 or null: off", integer(0, optional=True))
     before: FLAG = setting(True, "validate the untrained model before training too (val_before in metrics.json)",
                            IS_FLAG)
     retriever: str | None = setting(None, "task=rerank: the embedder whose top rerank_depth documents of the "
