@@ -20,6 +20,7 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
+from gte_pro.config.cross_keys import DISTILL_LOSSES
 from gte_pro.errors import ConfigError
 from gte_pro.evaluation.report import merge_results, metrics_table, optimized_value
 from gte_pro.evaluation.sets import eval_set_source
@@ -275,7 +276,25 @@ def _summary(run: Run, before: dict[str, float] | None, after: dict[str, float],
         "num_negatives": getattr(run.datamodule, "num_negatives", None),
         "remine": run.remine.costs if run.remine is not None else None,
         "memory": memory_record(run.memory),
+        "below_val_before": below_val_before(run.cfg, before, after),
     }
+
+
+def below_val_before(cfg: DictConfig, before: dict[str, float] | None, after: dict[str, float]
+                     ) -> dict[str, Any] | None:
+    """When the trained model scores below the untrained one on ``optimized_metric``: the figures and a note
+    (logged as a warning; metrics.json and the final table say it too). A distilled student that falls below its
+    start learned the teacher's ranking where the teacher was worse than it (docs/teachers.md). None otherwise."""
+    metric = cfg.get("optimized_metric")
+    if not before or not metric or metric not in before or metric not in after or after[metric] >= before[metric]:
+        return None
+    loss = DISTILL_LOSSES.get(str(OmegaConf.select(cfg, "loss._target_", default="")))
+    note = f"{metric} {after[metric]:.4f} after training is below {before[metric]:.4f} before it (val_before)"
+    if loss:
+        note += (f": loss={loss} distilled a teacher that ranks worse than the student started; see the training "
+                 "file's teacher record (<train_file>.teacher.json) and docs/teachers.md")
+    log.warning("the trained model is worse than the untrained one: %s", note)
+    return {"metric": metric, "before": before[metric], "after": after[metric], "loss": loss, "note": note}
 
 
 def _export_and_record(run: Run, summary: dict[str, Any]) -> None:
@@ -294,7 +313,8 @@ def _export_and_record(run: Run, summary: dict[str, Any]) -> None:
         _plot_curves(output_dir)
     summary["timing"], summary["peak_rss_mb"] = times.record(), times.peak_rss_mb
     write_json_atomic(output_dir / "metrics.json", summary)
-    print(f"\n{times.line()}\n\n{metrics_table(summary['val'], summary['val_before'])}\n"
+    below = f"WARNING: {summary['below_val_before']['note']}\n" if summary.get("below_val_before") else ""
+    print(f"\n{times.line()}\n\n{metrics_table(summary['val'], summary['val_before'])}\n{below}"
           f"metrics: {output_dir / 'metrics.json'}\nmodel:   {model_dir}")
     if reranker:
         print(after_reranker(cfg, model_dir))

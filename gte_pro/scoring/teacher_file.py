@@ -177,3 +177,14 @@ def weak_teacher_problem(scored: str | Path, record: dict[str, Any], loss: str,
         fix = f"set loss.teacher_temperature={record['recommended_temperature']} (recommended), " + fix
     return (f"data.train_file={scored}: loss={loss} would distil from a weak teacher ({record.get('teacher')}, "
             f"{record.get('kind')}; {record_path(scored)}): " + "; ".join(reasons) + f". Fix: {fix}")
+
+
+def loss_options(loss: dict[str, Any], train_file: str | None) -> dict[str, Any]:
+    """The ``loss`` config part as the loss is built from it: ``teacher_temperature`` as a number (``auto``
+    resolved from the record of ``train_file``; one log line says which and why)."""
+    options = dict(loss)
+    if "teacher_temperature" in options:
+        temperature, why = chosen_temperature(options["teacher_temperature"], train_file)
+        log.info("loss.teacher_temperature: the teacher's scores are read at %s (%s)", temperature, why)
+        options["teacher_temperature"] = temperature
+    return options
