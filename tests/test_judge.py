@@ -66,7 +66,7 @@ def test_groups_from_rows_one_per_positive_and_none_without_negatives():
 def test_groups_from_window_leaves_out_queries_without_positive_or_candidate():
     groups = groups_from_window(np.array([0.9, math.nan, 0.5]),
                                 np.array([[0.2, math.nan], [0.1, 0.2], [math.nan, math.nan]]))
-    np.testing.assert_array_equal(groups, [[0.9, 0.2, math.nan]])
+    np.testing.assert_array_equal(groups, np.array([[0.9, 0.2, math.nan]], dtype=np.float32))
 
 
 def test_the_entropy_curve_is_read_between_its_points():

@@ -46,16 +46,18 @@ def groups_from_rows(rows: Iterable[tuple[Sequence[float], Sequence[float]]]) ->
 
 def groups_from_window(positive: np.ndarray, candidates: np.ndarray) -> np.ndarray:
     """Groups from a mining window: ``positive`` (Q,) each query's positive score (NaN: none), ``candidates``
-    (Q, W) its window's scores (NaN: no candidate); queries without a positive or a candidate are left out."""
-    groups = np.concatenate([np.asarray(positive, dtype=np.float64)[:, None],
-                             np.asarray(candidates, dtype=np.float64)], axis=1)
+    (Q, W) its window's scores (NaN: no candidate); queries without a positive or a candidate are left out.
+    float32, as the scores are: a window of millions of queries is large."""
+    groups = np.concatenate([np.asarray(positive, dtype=np.float32)[:, None],
+                             np.asarray(candidates, dtype=np.float32)], axis=1)
     keep = np.isfinite(groups[:, 0]) & np.isfinite(groups[:, 1:]).any(axis=1)
     return groups[keep]
 
 
 def _chunks(groups: np.ndarray) -> Iterable[np.ndarray]:
+    """float64 blocks of ``CHUNK`` groups (a window's groups are kept in float32)."""
     for start in range(0, len(groups), CHUNK):
-        yield groups[start : start + CHUNK]
+        yield groups[start : start + CHUNK].astype(np.float64)
 
 
 def _normalised_entropy(block: np.ndarray, temperature: float) -> tuple[np.ndarray, np.ndarray]:
