@@ -208,6 +208,7 @@ def test_mode_mine_with_a_teacher_drops_what_it_puts_above_the_positive_and_writ
     assert record["student"] == report["model"] and record["student_figures"]["groups"] == len(rows)
     assert record["student_figures"]["top1"] > 0  # the embedder puts some positives above its whole window
     assert "teacher on the rows' own labels: top1 0.0" in out
+    assert "WARNING: data.train_file=" in out and "loss.allow_weak_teacher=true" in out  # said before training
     assert "judged before it teaches" in (run / "mine_report.md").read_text()
 
     # the printed command trains on the file with the teacher's scores (a tiny run of it): refused, since this

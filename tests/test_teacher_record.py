@@ -85,15 +85,15 @@ def test_a_near_uniform_teacher_is_refused_at_the_temperature_it_is_read_at(make
     check_config(_cfg(make_cfg, _scored_file(tmp_path, "embedder", groups=good)))  # the same scores as cosines
 
 
-def test_a_run_below_its_val_before_says_so(make_cfg, tmp_path: Path, caplog):
-    from gte_pro.modes.fit import below_val_before
+def test_a_run_below_its_val_before_says_so(caplog):
+    from gte_pro.evaluation.report import below_val_before
 
-    cfg = make_cfg(["loss=distill_kl"])
-    assert below_val_before(cfg, {"val/ndcg@10": 0.5}, {"val/ndcg@10": 0.6}) is None
-    assert below_val_before(cfg, None, {"val/ndcg@10": 0.6}) is None
-    with caplog.at_level(logging.WARNING, logger="gte_pro.modes.fit"):
-        below = below_val_before(cfg, {"val/ndcg@10": 0.8}, {"val/ndcg@10": 0.44})
+    metric = "val/ndcg@10"
+    assert below_val_before({metric: 0.5}, {metric: 0.6}, metric, "distill_kl") is None
+    assert below_val_before(None, {metric: 0.6}, metric, "distill_kl") is None
+    with caplog.at_level(logging.WARNING, logger="gte_pro.evaluation.report"):
+        below = below_val_before({metric: 0.8}, {metric: 0.44}, metric, "distill_kl")
     assert below["before"] == 0.8 and below["after"] == 0.44 and below["loss"] == "distill_kl"
     assert "val/ndcg@10 0.4400 after training is below 0.8000 before it" in caplog.text
     assert "teacher record" in below["note"]
-    assert below_val_before(make_cfg([]), {"val/ndcg@10": 0.8}, {"val/ndcg@10": 0.44})["loss"] is None
+    assert "teacher" not in below_val_before({metric: 0.8}, {metric: 0.44}, metric)["note"]

@@ -187,6 +187,6 @@ def write_mine_outputs(output: Path, run_dir: Path, problem: MiningProblem, mine
     plot_scores(files["plot"], mined, None if rescored is None else rescored.kind)
     print("\n".join(f"{name + ':':8} {path}" for name, path in files.items()))
     if rescored is not None:
-        print(judgement_line(summary["rescore"]["judgement"]))
+        print(judgement_line(summary["rescore"]["judgement"], output))
     print(f"train on it: {train_command(output, summary)}")
     return summary

@@ -89,8 +89,6 @@ class EnsembleTeacher:
         self.name_or_path = "[" + ", ".join(member.name_or_path for member in self.members) + "]"
 
     def score(self, queries: Sequence[str], docs: Sequence[str], batch_size: int = 64) -> torch.Tensor:
-        from gte_pro.scoring.pairs import standardised
-
         scores = [standardised(member.score(queries, docs, batch_size).float().cpu()) for member in self.members]
         return torch.stack(scores).double().mean(0).float()
 
@@ -98,6 +96,14 @@ class EnsembleTeacher:
         for member in self.members:
             member.to(device)
         return self
+
+
+def standardised(scores: torch.Tensor) -> torch.Tensor:
+    """(s - mean) / std over all the pairs scored together (float64 statistics; std 0: centred only): an ensemble
+    member's scores on a unit scale."""
+    values = scores.double()
+    std = float(values.std()) if len(values) > 1 else 0.0
+    return ((values - values.mean()) / (std if std > 0 else 1.0)).float()
 
 
 def is_cross_encoder(name_or_path: str | Path) -> bool:

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gte_pro.config.cross_keys import DISTILL_LOSSES
 from gte_pro.errors import ConfigError
-from gte_pro.evaluation.report import merge_results, metrics_table, optimized_value
+from gte_pro.evaluation.report import below_val_before, merge_results, metrics_table, optimized_value
 from gte_pro.evaluation.sets import eval_set_source
 from gte_pro.export.cross_encoder import export_cross_encoder, release_reranker
 from gte_pro.export.release import check_export_requirements, release
@@ -47,7 +47,7 @@ from gte_pro.training.callbacks import Throughput, ValidationRecord
 from gte_pro.training.memory import MemoryPlan
 from gte_pro.training.memory_plan import memory_record, plan_memory
 from gte_pro.utils.files import remove_stale_temporaries, write_json_atomic
-from gte_pro.utils.plots import plot_run
+from gte_pro.utils.plots import plot_run_logged
 from gte_pro.utils.secrets import redact_secrets
 from gte_pro.utils.timing import PhaseTimes
 
@@ -202,17 +202,6 @@ def _find_lr(run: Run) -> float | None:
     return None
 
 
-def _plot_curves(output_dir: Path) -> None:
-    """``curves.png`` from the CSV log; a plotting failure is reported, not allowed to fail a finished run."""
-    try:
-        path = plot_run(output_dir)
-    except Exception as error:  # noqa: BLE001 - the run's results are saved; the picture is a convenience
-        log.error("curves.png not written: %s: %s", type(error).__name__, error)
-        return
-    if path is not None:
-        log.info("training curves: %s", path)
-
-
 def _parameter_counts(encoder: Encoder) -> dict[str, int]:
     """All of the encoder's parameters (head and LoRA adapters included) and those the optimizer updates."""
     return {"total": sum(p.numel() for p in encoder.parameters()),
@@ -276,25 +265,9 @@ def _summary(run: Run, before: dict[str, float] | None, after: dict[str, float],
         "num_negatives": getattr(run.datamodule, "num_negatives", None),
         "remine": run.remine.costs if run.remine is not None else None,
         "memory": memory_record(run.memory),
-        "below_val_before": below_val_before(run.cfg, before, after),
+        "below_val_before": below_val_before(before, after, run.cfg.get("optimized_metric"),
+                                             DISTILL_LOSSES.get(str(OmegaConf.select(run.cfg, "loss._target_")))),
     }
-
-
-def below_val_before(cfg: DictConfig, before: dict[str, float] | None, after: dict[str, float]
-                     ) -> dict[str, Any] | None:
-    """When the trained model scores below the untrained one on ``optimized_metric``: the figures and a note
-    (logged as a warning; metrics.json and the final table say it too). A distilled student that falls below its
-    start learned the teacher's ranking where the teacher was worse than it (docs/teachers.md). None otherwise."""
-    metric = cfg.get("optimized_metric")
-    if not before or not metric or metric not in before or metric not in after or after[metric] >= before[metric]:
-        return None
-    loss = DISTILL_LOSSES.get(str(OmegaConf.select(cfg, "loss._target_", default="")))
-    note = f"{metric} {after[metric]:.4f} after training is below {before[metric]:.4f} before it (val_before)"
-    if loss:
-        note += (f": loss={loss} distilled a teacher that ranks worse than the student started; see the training "
-                 "file's teacher record (<train_file>.teacher.json) and docs/teachers.md")
-    log.warning("the trained model is worse than the untrained one: %s", note)
-    return {"metric": metric, "before": before[metric], "after": after[metric], "loss": loss, "note": note}
 
 
 def _export_and_record(run: Run, summary: dict[str, Any]) -> None:
@@ -310,7 +283,7 @@ def _export_and_record(run: Run, summary: dict[str, Any]) -> None:
         # raises (failing the run) if an export does not reproduce the module
         summary["exports"] = (release_reranker if reranker else release)(module.encoder, output_dir, cfg, summary,
                                                                          fresh=lambda: build_encoder(cfg))
-        _plot_curves(output_dir)
+        plot_run_logged(output_dir)
     summary["timing"], summary["peak_rss_mb"] = times.record(), times.peak_rss_mb
     write_json_atomic(output_dir / "metrics.json", summary)
     below = f"WARNING: {summary['below_val_before']['note']}\n" if summary.get("below_val_before") else ""

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gte_pro.models.teacher import EmbedderTeacher, EnsembleTeacher, Teacher
+from gte_pro.models.teacher import EmbedderTeacher, EnsembleTeacher, Teacher, standardised
 from gte_pro.retrieval import all_gather_rows
 from gte_pro.utils.distributed import world
 from gte_pro.utils.progress import Progress
@@ -122,13 +122,6 @@ def embedder_scores(teacher: EmbedderTeacher, query_texts: Sequence[str], doc_te
         part = slice(start, start + 65536)
         out[part] = (query_emb[q_rows[part]] * doc_emb[d_rows[part]]).sum(dim=-1)
     return out
-
-
-def standardised(scores: torch.Tensor) -> torch.Tensor:
-    """(s - mean) / std over all the job's pairs (float64 statistics; std 0: centred only)."""
-    values = scores.double()
-    std = float(values.std()) if len(values) > 1 else 0.0
-    return ((values - values.mean()) / (std if std > 0 else 1.0)).float()
 
 
 def teacher_scores(teacher: Teacher, query_texts: Sequence[str], doc_texts: Sequence[str], query_of: np.ndarray,

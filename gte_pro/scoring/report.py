@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from gte_pro.scoring.core import quantiles
+from gte_pro.scoring.teacher_file import weak_teacher_problem
 from gte_pro.utils.files import write_json_atomic, write_text_atomic
 from gte_pro.utils.plots import score_histograms
 from gte_pro.utils.tables import markdown_table
@@ -59,8 +60,9 @@ def summary_markdown(summary: dict[str, Any], files: dict[str, Path]) -> str:
             + markdown_table(["", "value"], lines) + judgement_markdown(summary.get("judgement")) + f"\n{where}\n")
 
 
-def judgement_line(record: dict[str, Any]) -> str:
-    """One line: the teacher's figures (and the student's), the temperature used and the one recommended."""
+def judgement_line(record: dict[str, Any], scored: Path | None = None) -> str:
+    """One line: the teacher's figures (and the student's), the temperature used and the one recommended; and,
+    when distillation from ``scored`` would refuse this teacher at that temperature, why."""
     def figures(f: dict[str, Any]) -> str:
         return (f"top1 {f['top1']}, mean margin {f['mean_margin']}, mean normalised entropy "
                 f"{f['mean_normalised_entropy']} at {f['temperature']}")
@@ -68,8 +70,10 @@ def judgement_line(record: dict[str, Any]) -> str:
     line = f"teacher on the rows' own labels: {figures(record['teacher_figures'])}"
     if record.get("student_figures"):
         line += f"; student {record['student']}: {figures(record['student_figures'])}"
-    return (line + f"; read at temperature {record['temperature']} ({record['temperature_why']}); recommended "
-            f"{record['recommended_temperature']}")
+    line += (f"; read at temperature {record['temperature']} ({record['temperature_why']}); recommended "
+             f"{record['recommended_temperature']}")
+    problem = weak_teacher_problem(scored, record, "distill_kl", record["temperature"]) if scored else None
+    return line if problem is None else f"{line}\nWARNING: {problem}"
 
 
 def judgement_markdown(record: dict[str, Any] | None) -> str:
@@ -116,6 +120,6 @@ def write_score_outputs(output: Path, run_dir: Path, markers: list[dict[str, Any
     plot_histograms(files["plot"], scores(markers, "pos_scores"), scores(markers, "neg_scores"), summary["kind"])
     print("\n".join(f"{name + ':':8} {path}" for name, path in files.items()))
     if record := summary.get("judgement"):
-        print(judgement_line(record))
+        print(judgement_line(record, output))
     print(f"train on it: {train_command(output)}")
     return summary

@@ -86,8 +86,8 @@ class DistillKLLoss(_DistillationLoss):
     separate positives from negatives.
     FlagEmbedding computes exactly this cross-entropy (not ``F.kl_div``): it is KL(p_t || p_s) plus the teacher's
     entropy, a constant of the data, so the gradients are those of the KL. FlagEmbedding softmaxes the raw teacher
-    scores (``teacher_temperature`` 1) and adds its in-batch cross-entropy with weight 1: conf/loss/distill_kl.yaml's
-    defaults (temperature 0.02, FlagEmbedding's default too).
+    scores (``teacher_temperature`` 1: auto's value for a cross-encoder's logits) and adds its in-batch cross-entropy
+    with weight 1: conf/loss/distill_kl.yaml's defaults (temperature 0.02, FlagEmbedding's default too).
     """
 
     name = "distill_kl"
