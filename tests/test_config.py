@@ -337,7 +337,7 @@ def _option_keys(group: str, option: str) -> set[str]:
     (["loss.max_skipped_steps=-1"], "loss.max_skipped_steps=-1: expected an integer >= 0"),
     (["loss.mini_batch_size=0"], "loss.mini_batch_size=0: expected an integer >= 1 or null"),
     (["loss=gte", "loss.mask_own_negatives=yes"], "loss.mask_own_negatives='yes': valid choices: true, false"),
-    (["loss=distill_kl", "loss.teacher_temperature=0"], "loss.teacher_temperature=0.0: expected a number > 0"),
+    (["loss=distill_kl", "loss.teacher_temperature=0"], "loss.teacher_temperature=0: expected auto or a number > 0"),
     (["loss=margin_mse", "loss.weight_infonce=-1"], "loss.weight_infonce=-1.0: expected a number >= 0"),
     (["loss.matryoshka_dims=[32,16]", "loss.matryoshka_weights=[1.0]"],
      "loss.matryoshka_weights=[1.0]: expected one weight per dimension of loss.matryoshka_dims=[32, 16]"),

@@ -167,7 +167,7 @@ def test_mode_mine_with_a_teacher_drops_what_it_puts_above_the_positive_and_writ
     # the tiny teacher puts some candidates within 1e-6 of each other, where the batch a pair was scored in can
     # flip an order: the judgement is checked exactly in test_rescore_window_judges_with_the_teachers_scores, and
     # here up to such near-ties
-    tie, dropped_at_least, dropped_at_most = 1e-5, 0, 0
+    tie, dropped_at_least, dropped_at_most, margins = 1e-5, 0, 0, []
     for row in rows:
         # the window is every non-positive document: recompute the teacher's judgement of all of them
         candidates = [d for d in corpus if d not in row["positive"]]
@@ -177,6 +177,7 @@ def test_mode_mine_with_a_teacher_drops_what_it_puts_above_the_positive_and_writ
         bar = float(positive.min())  # the lowest positive
         dropped_at_least += sum(s >= bar + tie for s in judged.values())
         dropped_at_most += sum(s >= bar - tie for s in judged.values())
+        margins.append(bar - max(judged.values()))
         assert judged[BOOSTED] > bar and BOOSTED not in row["negatives"] and len(row["negatives"]) == 3
         kept = [judged[d] for d in row["negatives"]]
         assert max(kept) < bar + tie and kept == sorted(kept, reverse=True)  # below the positive, best first
@@ -194,14 +195,32 @@ def test_mode_mine_with_a_teacher_drops_what_it_puts_above_the_positive_and_writ
     assert rescore["seconds"] > 0 and rescore["kind"] == "cross-encoder"
     assert report["scores"] == "teacher (cross-encoder)"
     assert "dropped per query: mean / median / p90 / max" in (run / "mine_report.md").read_text()
-    command = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("train on it: "))
+    out = capsys.readouterr().out
+    command = next(line for line in out.splitlines() if line.startswith("train on it: "))
     assert command.endswith("loss=distill_kl")
 
-    # the printed command trains on the file with the teacher's scores (a tiny run of it)
+    # the teacher judged on each query's window next to the embedder that mined it (record beside the file):
+    # BOOSTED, above every positive, makes the teacher's top1 0; its margins are the ones computed above
+    record = json.loads((run / "mined.jsonl.teacher.json").read_text())
+    assert record == {**rescore["judgement"], "scored_file": str(run / "mined.jsonl")}
+    assert record["teacher_figures"]["groups"] == len(rows) and record["teacher_figures"]["top1"] == 0.0
+    assert record["teacher_figures"]["mean_margin"] == pytest.approx(sum(margins) / len(margins), abs=1e-3)
+    assert record["student"] == report["model"] and record["student_figures"]["groups"] == len(rows)
+    assert record["student_figures"]["top1"] > 0  # the embedder puts some positives above its whole window
+    assert "teacher on the rows' own labels: top1 0.0" in out
+    assert "WARNING: data.train_file=" in out and "loss.allow_weak_teacher=true" in out  # said before training
+    assert "judged before it teaches" in (run / "mine_report.md").read_text()
+
+    # the printed command trains on the file with the teacher's scores (a tiny run of it): refused, since this
+    # teacher ranks positives first less often than the embedder, until the override
     overrides = shlex.split(command.removeprefix("train on it: python train.py "))
     cfg = make_cfg(["debug=fast", "logger=none", *overrides, "trainer.limit_train_batches=2"],
                    output_dir=tmp_path / "distill")
     assert cfg.loss._target_.endswith("DistillKLLoss") and cfg.data.num_negatives == 3
+    with pytest.raises(ConfigError, match="less often than the student"):
+        train(cfg)
+    cfg = make_cfg(["debug=fast", "logger=none", *overrides, "trainer.limit_train_batches=2",
+                    "loss.allow_weak_teacher=true"], output_dir=tmp_path / "distill")
     train(cfg)
     metrics = json.loads((tmp_path / "distill" / "metrics.json").read_text())
     assert metrics["global_step"] == 2 and math.isfinite(metrics["train"]["train/loss"])

@@ -249,3 +249,71 @@ def test_fabric_runs_where_the_trainer_would(make_cfg, monkeypatch):
         assert (runner.global_rank, runner.world_size, runner.strategy._timeout) == (1, 2, trainer.strategy._timeout)
     with pytest.raises(ConfigError, match=r"mode=score: strategy .*FSDPStrategy is not supported.*strategy=ddp"):
         build_fabric(make_cfg(["mode=score", "strategy=fsdp", "devices=2", "trainer.accelerator=cpu"]))
+
+
+def _groups_by_hand(scored_lines: list[str], flat: torch.Tensor):
+    """The judge's groups from pair scores in file order, split by the scored rows' own pos/neg counts."""
+    from gte_pro.scoring.judge import groups_from_rows
+
+    rows, at = [], 0
+    for line in scored_lines:
+        row = json.loads(line)
+        p, n = len(row["pos_scores"]), len(row["neg_scores"])
+        rows.append((flat[at : at + p].tolist(), flat[at + p : at + p + n].tolist()))
+        at += p + n
+    return groups_from_rows(rows)
+
+
+def test_the_teacher_is_judged_next_to_the_student_and_its_record_sits_beside_the_file(
+        make_cfg, embedder: Path, cross_encoder: Path, train_file: Path, tmp_path: Path, capsys):
+    from gte_pro.models.teacher import load_teacher
+    from gte_pro.scoring.judge import judge
+    from gte_pro.scoring.teacher_file import read_record
+
+    run = tmp_path / "run"
+    report = _score(make_cfg, _overrides(cross_encoder, train_file, f"score.student={embedder}"), run)
+    record = read_record(run / "scored.jsonl")
+    assert record == {**report["judgement"], "scored_file": str(run / "scored.jsonl")}
+    assert record["kind"] == "cross-encoder" and record["temperature"] == 1.0  # logits read as trained
+    lines = (run / "scored.jsonl").read_text(encoding="utf-8").splitlines()
+    teacher = torch.tensor([s for row in map(json.loads, lines) for s in row["pos_scores"] + row["neg_scores"]])
+    assert record["teacher_figures"] == judge(_groups_by_hand(lines, teacher), 1.0)
+    # the student's cosines of the same pairs, each row's texts as scored (rows with negatives only)
+    student = load_teacher(str(embedder), max_length=64, kind="embedder")
+    queries, docs = [], []
+    for row in _rows():
+        positives, negatives = _texts(row)
+        queries += [row["query"]] * len(positives + negatives)
+        docs += positives + negatives
+    by_hand = judge(_groups_by_hand(lines, student.score(queries, docs, batch_size=4)), 0.05)
+    assert record["student"] == str(embedder) and record["student_figures"]["groups"] == by_hand["groups"] > 0
+    for key in ("top1", "mean_margin", "mean_normalised_entropy"):
+        assert record["student_figures"][key] == pytest.approx(by_hand[key], abs=2e-4)
+    assert record["recommended_temperature"] > 0 and len(record["entropy_by_temperature"]) == 21
+    assert "judged before it teaches" in (run / "score_report.md").read_text()
+    assert "teacher on the rows' own labels: top1" in capsys.readouterr().out
+
+
+def test_an_embedder_teacher_is_read_at_005_and_an_ensemble_judges_each_member(
+        make_cfg, embedder: Path, cross_encoder: Path, train_file: Path, tmp_path: Path):
+    from gte_pro.models.teacher import load_teacher, standardised
+    from gte_pro.scoring.judge import judge
+
+    report = _score(make_cfg, _overrides(embedder, train_file), tmp_path / "one")
+    assert report["judgement"]["temperature"] == 0.05 and report["judgement"]["members"] == []
+    run = tmp_path / "ensemble"
+    report = _score(make_cfg, _overrides(f"[{cross_encoder},{embedder}]", train_file), run)
+    record = report["judgement"]
+    assert record["kind"] == "ensemble" and record["temperature"] == record["recommended_temperature"]
+    lines = (run / "scored.jsonl").read_text(encoding="utf-8").splitlines()
+    queries, docs = [], []
+    for row in _rows():
+        positives, negatives = _texts(row)
+        queries += [row["query"]] * len(positives + negatives)
+        docs += positives + negatives
+    assert [m["teacher"] for m in record["members"]] == [str(cross_encoder), str(embedder)]
+    for member, path in zip(record["members"], (cross_encoder, embedder), strict=True):
+        z = standardised(load_teacher(str(path), max_length=64).score(queries, docs, batch_size=4))
+        by_hand = judge(_groups_by_hand(lines, z), record["temperature"])
+        for key in ("top1", "mean_margin", "mean_normalised_entropy"):
+            assert member["figures"][key] == pytest.approx(by_hand[key], abs=2e-4)

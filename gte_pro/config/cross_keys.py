@@ -147,11 +147,39 @@ def distill_problems(cfg: DictConfig) -> list[str]:
         problems.append(f"data={UNSCORED_SOURCES[source]}: loss={loss} needs teacher scores (pos_scores, "
                         f"neg_scores), which data={UNSCORED_SOURCES[source]} has none of: {SCORE_FIRST}; "
                         "or choose loss=infonce")
-    train_file = OmegaConf.select(cfg, "data.train_file", default=None, throw_on_missing=False)
-    if source == JSONL_SOURCE and isinstance(train_file, str) and not first_row_scored(train_file):
+    train_file = training_file(cfg)
+    if train_file is not None and not first_row_scored(train_file):
         problems.append(f"data.train_file={train_file}: loss={loss} needs teacher scores and the file's first row "
                         f"has no pos_scores/neg_scores: {SCORE_FIRST}; or choose loss=infonce")
+    elif train_file is not None and cfg.get("mode", "train") == "train":
+        problems += weak_teacher_problems(cfg, loss, train_file)
     return problems
+
+
+def training_file(cfg: DictConfig) -> str | None:
+    """``data.train_file`` of data=jsonl (the one file a run trains on), or None."""
+    source = str(OmegaConf.select(cfg, "data._target_", default="", throw_on_missing=False))
+    train_file = OmegaConf.select(cfg, "data.train_file", default=None, throw_on_missing=False)
+    return train_file if source == JSONL_SOURCE and isinstance(train_file, str) else None
+
+
+def weak_teacher_problems(cfg: DictConfig, loss: str, train_file: str) -> list[str]:
+    """A teacher that its record (``<train_file>.teacher.json``) shows weaker than the student, or near uniform at
+    the temperature the loss reads it at, is refused before any model loads, unless loss.allow_weak_teacher=true
+    (``gte_pro.scoring.teacher_file``)."""
+    from gte_pro.scoring.teacher_file import chosen_temperature, read_record, weak_teacher_problem
+
+    if OmegaConf.select(cfg, "loss.allow_weak_teacher", default=False, throw_on_missing=False) is True:
+        return []
+    record = read_record(train_file)
+    if record is None:
+        return []
+    setting = OmegaConf.select(cfg, "loss.teacher_temperature", default=None, throw_on_missing=False)
+    if setting != "auto" and not isinstance(setting, int | float):
+        setting = None  # margin_mse (no softmax), or a bad value that its own rule names
+    temperature = None if setting is None else chosen_temperature(setting, train_file)[0]
+    problem = weak_teacher_problem(train_file, record, loss, temperature)
+    return [] if problem is None else [problem]
 
 
 def first_row_scored(path: str) -> bool:

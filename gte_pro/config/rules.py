@@ -153,3 +153,5 @@ LENGTH_CHUNKS = Rule(lambda v: None if v == "auto" or not integer(1)(v) else "ex
                      "auto or integer >= 1")
 MEMORY_BUDGET = Rule(lambda v: None if v in (None, "auto") else number(0, open_low=True)(v)
                      and "expected auto, a number of GiB > 0, or null", "auto, a number of GiB > 0, or null")
+TEACHER_TEMPERATURE = Rule(lambda v: None if v == "auto" else number(0, open_low=True)(v)
+                           and "expected auto or a number > 0", "auto or number > 0")

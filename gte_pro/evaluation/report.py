@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -9,6 +10,7 @@ from gte_pro.errors import ConfigError
 from gte_pro.utils.tables import markdown_table
 
 METRICS = ("ndcg@10", "mrr@10", "map@100", "recall@1", "recall@10", "recall@100")
+log = logging.getLogger(__name__)
 HELD_OUT = "held-out"  # the row of the training data's own validation split (logged as val/<metric>)
 
 
@@ -26,6 +28,22 @@ def optimized_value(metrics: Mapping[str, float], metric: str | None) -> float |
         raise ConfigError(f"optimized_metric={metric!r} is not a metric of this run; valid choices: "
                          f"{', '.join(sorted(metrics))}")
     return float(metrics[metric])
+
+
+def below_val_before(before: Mapping[str, float] | None, after: Mapping[str, float], metric: str | None,
+                     distill_loss: str | None = None) -> dict[str, Any] | None:
+    """When the trained model scores below the untrained one on ``metric`` (``optimized_metric``): the figures and
+    a note, logged as a warning (metrics.json's ``below_val_before`` and the final table say it too). A student
+    distilled (``distill_loss``) that falls below its start learned the ranking of a teacher worse than it was
+    (docs/teachers.md). None otherwise."""
+    if not before or not metric or metric not in before or metric not in after or after[metric] >= before[metric]:
+        return None
+    note = f"{metric} {after[metric]:.4f} after training is below {before[metric]:.4f} before it (val_before)"
+    if distill_loss:
+        note += (f": loss={distill_loss} distilled a teacher that ranks worse than the student started; see the "
+                 "training file's teacher record (<train_file>.teacher.json) and docs/teachers.md")
+    log.warning("the trained model is worse than the untrained one: %s", note)
+    return {"metric": metric, "before": before[metric], "after": after[metric], "loss": distill_loss, "note": note}
 
 
 def metrics_by_set(flat: Mapping[str, float] | None, prefix: str = "val/") -> dict[str, dict[str, float]]:

@@ -15,6 +15,8 @@ import torch
 from gte_pro.mining.core import MinedNegatives
 from gte_pro.mining.problem import MiningProblem
 from gte_pro.mining.rescore import Rescored
+from gte_pro.scoring.report import judgement_line, judgement_markdown
+from gte_pro.scoring.teacher_file import record_path, teacher_record, write_record
 from gte_pro.utils.files import write_atomic, write_json_atomic, write_text_atomic
 from gte_pro.utils.plots import score_histograms
 from gte_pro.utils.tables import markdown_table
@@ -37,6 +39,18 @@ def mined_rows(problem: MiningProblem, mined: MinedNegatives, rescored: Rescored
         for row, (pos_scores, row_neg_scores) in zip(held, rescored.held_out_scores, strict=True):
             row["pos_scores"], row["neg_scores"] = pos_scores, row_neg_scores
     return rows + held
+
+
+def judge_rescored(output: Path, rescored: Rescored, student: str) -> dict[str, Any]:
+    """The teacher record of the mined file (``gte_pro.scoring.teacher_file``), written beside it: the teacher
+    judged on each query's window (its positive, then every candidate the embedder proposed) next to the embedder
+    that mined it (``student``) and each ensemble member; the temperature recommended for the rows as written."""
+    record = teacher_record(rescored.teacher, rescored.kind, rescored.teacher_groups, rescored.file_groups,
+                            student=(student, rescored.student_groups), members=rescored.member_groups,
+                            judged_on="each query's mining window: its positive, then every candidate the "
+                                      "embedder proposed (before the teacher's drops)")
+    write_record(output, record)
+    return record
 
 
 def write_mined(path: Path, rows: list[dict[str, Any]]) -> Path:
@@ -126,8 +140,10 @@ def summary_markdown(summary: dict[str, Any], files: dict[str, Path]) -> str:
                    f"{rescore['pairs_scored']} pairs)"]]
     where = "\n".join(f"- {name}: `{path}`" for name, path in files.items())
     where += f"\n\ntrain on it: `{train_command(files['mined'], summary)}`"
+    judgement = judgement_markdown((summary.get("rescore") or {}).get("judgement"))
     return (f"# Hard-negative mining\n\nmodel `{summary['model']}`, {summary['world_size']} process(es), options "
-            f"`{json.dumps(summary['options'])}`\n\n" + markdown_table(["", "value"], lines) + f"\n{where}\n")
+            f"`{json.dumps(summary['options'])}`\n\n" + markdown_table(["", "value"], lines) + judgement
+            + f"\n{where}\n")
 
 
 def plot_scores(path: Path, mined: MinedNegatives, teacher_kind: str | None = None) -> Path:
@@ -162,10 +178,15 @@ def write_mine_outputs(output: Path, run_dir: Path, problem: MiningProblem, mine
     summary = mine_summary(problem, mined, rows, details, rescored)
     files = {"mined": output, "report": run_dir / "mine_report.json", "table": run_dir / "mine_report.md",
              "plot": run_dir / "mine_scores.png"}
+    if rescored is not None:
+        summary["rescore"]["judgement"] = judge_rescored(output, rescored, str(details.get("model")))
+        files["teacher record"] = record_path(output)
     summary["files"] = {name: str(path) for name, path in files.items()}
     write_json_atomic(files["report"], summary)
     write_text_atomic(files["table"], summary_markdown(summary, files))
     plot_scores(files["plot"], mined, None if rescored is None else rescored.kind)
     print("\n".join(f"{name + ':':8} {path}" for name, path in files.items()))
+    if rescored is not None:
+        print(judgement_line(summary["rescore"]["judgement"], output))
     print(f"train on it: {train_command(output, summary)}")
     return summary

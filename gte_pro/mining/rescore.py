@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -40,6 +40,7 @@ from gte_pro.mining.options import MiningOptions
 from gte_pro.mining.problem import MiningCorpus
 from gte_pro.models.teacher import Teacher
 from gte_pro.models.teacher_pairs import teacher_scores
+from gte_pro.scoring.judge import groups_from_window
 
 
 def window_options(options: MiningOptions) -> MiningOptions:
@@ -58,6 +59,13 @@ class Rescored:
     dropped_per_query: torch.Tensor  # (Q,) of those, dropped (at or above the positive, or by a margin)
     pairs: int  # pairs scored in all: positives, window candidates, held-out rows' texts
     seconds: float
+    # the judge's groups (gte_pro.scoring.judge) of each query's window, positive first: the teacher's scores, the
+    # embedder's (the student that mined them), each ensemble member's standardised scores (name, kind, groups);
+    # and the teacher's of the rows as written (positive, kept negatives): what distillation softmaxes over
+    teacher_groups: np.ndarray | None = None
+    student_groups: np.ndarray | None = None
+    member_groups: list[tuple[str, str, np.ndarray]] = field(default_factory=list)
+    file_groups: np.ndarray | None = None
 
 
 # --- selection -----------------------------------------------------------------------------------------------------
@@ -135,9 +143,10 @@ def rescore_window(teacher: Teacher, queries: Sequence[str], corpus: Sequence[st
                                        dtype=np.int64)])
     mined_pairs = len(query_of)
     held = np.arange(len(held_query), dtype=np.int64)
+    members: list[torch.Tensor] = []
     scores = teacher_scores(teacher, _Joined(queries, held_query), _Joined(corpus, held_doc),
                             np.concatenate([query_of, len(queries) + held]),
-                            np.concatenate([doc_of, len(corpus) + held]), batch_size, device, chars)
+                            np.concatenate([doc_of, len(corpus) + held]), batch_size, device, chars, members)
     if not bool(torch.isfinite(scores).all()):
         raise RuntimeError(f"rescoring: {int((~torch.isfinite(scores)).sum())} of {len(scores)} pairs have no finite "
                            f"teacher score: {teacher.name_or_path} returned nan/inf")
@@ -154,5 +163,26 @@ def rescore_window(teacher: Teacher, queries: Sequence[str], corpus: Sequence[st
         held.append((scores[offset : offset + n].tolist(), scores[offset + n : offset + n + k].tolist()))
         offset += n + k
     mined = MinedNegatives(out_ids, out_scores, positive, int(dropped.sum()), int((out_ids < 0).any(1).sum()))
+    window_of = _window_scores(ids.shape, pos_query, win_row, win_col, mined_pairs)
+    member_groups = [(member.name_or_path, member.kind, groups_from_window(*window_of(z)))
+                     for member, z in zip(getattr(teacher, "members", []), members, strict=False)]
     return mined, Rescored(teacher.name_or_path, teacher.kind, [s.tolist() for s in per_query], held,
-                           (ids >= 0).sum(1), dropped, len(chars), time.perf_counter() - start)
+                           (ids >= 0).sum(1), dropped, len(chars), time.perf_counter() - start,
+                           teacher_groups=groups_from_window(positive.numpy(), judged.numpy()),
+                           student_groups=groups_from_window(window.positive_scores.cpu().float().numpy(),
+                                                             window.scores.cpu().float().numpy()),
+                           member_groups=member_groups,
+                           file_groups=groups_from_window(positive.numpy(), out_scores.numpy()))
+
+
+def _window_scores(shape: tuple[int, ...], pos_query: np.ndarray, win_row: np.ndarray, win_col: np.ndarray,
+                   mined_pairs: int) -> Any:
+    """A function from a job's pair scores (positives, then window candidates, in ``rescore_window``'s order) to
+    (each query's lowest positive score (Q,), its window's scores (Q, W)): as the teacher's are laid out."""
+    def split(scores: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        positive = torch.full((shape[0],), math.inf).scatter_reduce(
+            0, torch.from_numpy(pos_query), scores[: len(pos_query)].float(), reduce="amin")
+        window = torch.full(shape, math.nan)
+        window[torch.from_numpy(win_row), torch.from_numpy(win_col)] = scores[len(pos_query) : mined_pairs].float()
+        return torch.where(torch.isinf(positive), math.nan, positive).numpy(), window.numpy()
+    return split

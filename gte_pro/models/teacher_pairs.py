@@ -126,14 +126,17 @@ def embedder_scores(teacher: EmbedderTeacher, query_texts: Sequence[str], doc_te
 
 def teacher_scores(teacher: Teacher, query_texts: Sequence[str], doc_texts: Sequence[str], query_of: np.ndarray,
                    doc_of: np.ndarray, batch_size: int, device: Any = "cpu",
-                   chars: np.ndarray | None = None) -> torch.Tensor:
+                   chars: np.ndarray | None = None, members_out: list[torch.Tensor] | None = None) -> torch.Tensor:
     """The teacher's float32 score of every pair (n,), on the CPU, on every rank (collective under
     torch.distributed); see the module doc for how each kind reads the pairs. Non-finite scores are passed on: the
-    caller names the rows they belong to."""
+    caller names the rows they belong to. ``members_out``: a list that gets an ensemble's members' standardised
+    scores, one (n,) tensor each (the report judges each member)."""
     query_of, doc_of = np.asarray(query_of, dtype=np.int64), np.asarray(doc_of, dtype=np.int64)
     if isinstance(teacher, EnsembleTeacher):
         members = [standardised(teacher_scores(member, query_texts, doc_texts, query_of, doc_of, batch_size,
                                                device, chars)) for member in teacher.members]
+        if members_out is not None:
+            members_out.extend(members)
         out = torch.stack(members).double().mean(0).float()
     elif isinstance(teacher, EmbedderTeacher):
         out = embedder_scores(teacher, query_texts, doc_texts, query_of, doc_of, batch_size, device)

@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
-from gte_pro.config.cross_keys import DISTILL_LOSSES
+from gte_pro.config.cross_keys import DISTILL_LOSSES, training_file
 from gte_pro.data.configured import build_datamodule
 from gte_pro.errors import ConfigError
 from gte_pro.launch.checkpoint_io import AtomicCheckpointIO
@@ -27,6 +27,7 @@ from gte_pro.launch.environment import cpu_has_native_bf16, emulated_bf16_warnin
 from gte_pro.models import model_options
 from gte_pro.models.cross_encoder import CrossEncoder
 from gte_pro.models.encoder import Encoder
+from gte_pro.scoring.teacher_file import loss_options
 from gte_pro.training.base_module import TrainingModule
 from gte_pro.training.module import ContrastiveModule
 from gte_pro.training.rerank_module import RerankModule
@@ -159,9 +160,13 @@ def on_device(fabric: Fabric, module: torch.nn.Module) -> Any:
 
 
 def module_config(cfg: DictConfig) -> dict[str, Any]:
-    """The resolved parts of ``cfg`` that describe the Lightning module (saved with every checkpoint)."""
-    return {key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key]
-            for key in TrainingModule.CONFIG_KEYS if key in cfg}
+    """The resolved parts of ``cfg`` that describe the Lightning module (saved with every checkpoint); the loss's
+    ``teacher_temperature=auto`` as the number the training file's teacher record gives (``loss_options``)."""
+    config = {key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key]
+              for key in TrainingModule.CONFIG_KEYS if key in cfg}
+    if isinstance(config.get("loss"), dict):
+        config["loss"] = loss_options(config["loss"], training_file(cfg))
+    return config
 
 
 def build_module(cfg: DictConfig, encoder: Encoder | CrossEncoder) -> TrainingModule:

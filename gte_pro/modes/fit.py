@@ -20,8 +20,9 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
+from gte_pro.config.cross_keys import DISTILL_LOSSES
 from gte_pro.errors import ConfigError
-from gte_pro.evaluation.report import merge_results, metrics_table, optimized_value
+from gte_pro.evaluation.report import below_val_before, merge_results, metrics_table, optimized_value
 from gte_pro.evaluation.sets import eval_set_source
 from gte_pro.export.cross_encoder import export_cross_encoder, release_reranker
 from gte_pro.export.release import check_export_requirements, release
@@ -46,7 +47,7 @@ from gte_pro.training.callbacks import Throughput, ValidationRecord
 from gte_pro.training.memory import MemoryPlan
 from gte_pro.training.memory_plan import memory_record, plan_memory
 from gte_pro.utils.files import remove_stale_temporaries, write_json_atomic
-from gte_pro.utils.plots import plot_run
+from gte_pro.utils.plots import plot_run_logged
 from gte_pro.utils.secrets import redact_secrets
 from gte_pro.utils.timing import PhaseTimes
 
@@ -201,17 +202,6 @@ def _find_lr(run: Run) -> float | None:
     return None
 
 
-def _plot_curves(output_dir: Path) -> None:
-    """``curves.png`` from the CSV log; a plotting failure is reported, not allowed to fail a finished run."""
-    try:
-        path = plot_run(output_dir)
-    except Exception as error:  # noqa: BLE001 - the run's results are saved; the picture is a convenience
-        log.error("curves.png not written: %s: %s", type(error).__name__, error)
-        return
-    if path is not None:
-        log.info("training curves: %s", path)
-
-
 def _parameter_counts(encoder: Encoder) -> dict[str, int]:
     """All of the encoder's parameters (head and LoRA adapters included) and those the optimizer updates."""
     return {"total": sum(p.numel() for p in encoder.parameters()),
@@ -275,6 +265,8 @@ def _summary(run: Run, before: dict[str, float] | None, after: dict[str, float],
         "num_negatives": getattr(run.datamodule, "num_negatives", None),
         "remine": run.remine.costs if run.remine is not None else None,
         "memory": memory_record(run.memory),
+        "below_val_before": below_val_before(before, after, run.cfg.get("optimized_metric"),
+                                             DISTILL_LOSSES.get(str(OmegaConf.select(run.cfg, "loss._target_")))),
     }
 
 
@@ -291,10 +283,11 @@ def _export_and_record(run: Run, summary: dict[str, Any]) -> None:
         # raises (failing the run) if an export does not reproduce the module
         summary["exports"] = (release_reranker if reranker else release)(module.encoder, output_dir, cfg, summary,
                                                                          fresh=lambda: build_encoder(cfg))
-        _plot_curves(output_dir)
+        plot_run_logged(output_dir)
     summary["timing"], summary["peak_rss_mb"] = times.record(), times.peak_rss_mb
     write_json_atomic(output_dir / "metrics.json", summary)
-    print(f"\n{times.line()}\n\n{metrics_table(summary['val'], summary['val_before'])}\n"
+    below = f"WARNING: {summary['below_val_before']['note']}\n" if summary.get("below_val_before") else ""
+    print(f"\n{times.line()}\n\n{metrics_table(summary['val'], summary['val_before'])}\n{below}"
           f"metrics: {output_dir / 'metrics.json'}\nmodel:   {model_dir}")
     if reranker:
         print(after_reranker(cfg, model_dir))

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 from lightning.fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
@@ -38,16 +40,18 @@ from gte_pro.scoring.core import (
 )
 from gte_pro.scoring.report import write_score_outputs
 from gte_pro.scoring.shards import ShardFolder
+from gte_pro.scoring.teacher_file import file_groups, file_shapes, flat_groups, teacher_record, write_record
 from gte_pro.utils.timing import peak_rss_mb_per_rank
 
 JSONL_DATA = "gte_pro.data.jsonl.JsonlDataModule"
 
 
 def score_shards(fabric: Fabric, teacher: Teacher, source: str, shards: ShardFolder, batch_size: int,
-                 shard_rows: int) -> tuple[ShardPlan, dict[str, float]]:
+                 shard_rows: int, members_out: list[torch.Tensor] | None = None) -> tuple[ShardPlan, dict[str, float]]:
     """Plans the shards and scores this rank's share with the teacher on its device in the run's precision; the
     ranks wait for each other after planning (so that no rank counts another's new shard as an old one) and after
-    scoring (so that rank 0 finds every shard). The plan, and this rank's pairs and seconds."""
+    scoring (so that rank 0 finds every shard). The plan, and this rank's pairs and seconds. ``members_out``: an
+    ensemble's members' standardised scores of the file's pairs, when they were scored now (``file_scores``)."""
     for member in getattr(teacher, "members", [teacher]):
         if isinstance(getattr(member, "model", None), nn.Module):
             on_device(fabric, member.model)  # the run's precision (bf16-true, ...), as for a module
@@ -56,11 +60,42 @@ def score_shards(fabric: Fabric, teacher: Teacher, source: str, shards: ShardFol
     plan = plan_shards(source, shard_rows, shards)
     fabric.barrier()
     with torch.inference_mode():
-        scores = (file_scores(teacher, source, shard_rows, batch_size, fabric.device, fabric.autocast)
+        scores = (file_scores(teacher, source, shard_rows, batch_size, fabric.device, fabric.autocast, members_out)
                   if scores_whole_file(teacher) and plan.pending_pairs else None)
         timing = score_rank(teacher, source, shard_rows, batch_size, shards, plan, fabric.autocast, scores)
     fabric.barrier()
     return plan, timing
+
+
+def student_scores(fabric: Fabric, options: DictConfig, source: str, batch_size: int, shard_rows: int
+                   ) -> np.ndarray | None:
+    """``score.student``'s cosine of every pair of the file, in file order (collective), or None when unset."""
+    if not options.get("student"):
+        return None
+    name = str(Path(options.student).expanduser()) if str(options.student).startswith("~") else str(options.student)
+    try:
+        student = load_teacher(name, int(options.max_length), bool(options.trust_remote_code), "embedder")
+    except MissingModelError as err:
+        raise MissingModelError(f"score.student={options.student}: {str(err).split(': ', 1)[-1]}") from err
+    on_device(fabric, student.model)
+    student.to(fabric.device)
+    with torch.inference_mode():
+        per_shard = file_scores(student, source, shard_rows, batch_size, fabric.device, fabric.autocast)
+    return np.concatenate(per_shard) if per_shard else np.zeros(0, dtype=np.float32)
+
+
+def judge_teacher(output: Path, teacher: Teacher, members: list[torch.Tensor], student: np.ndarray | None,
+                  student_name: str | None) -> dict[str, Any]:
+    """The teacher record of the scored file (``gte_pro.scoring.teacher_file``), written beside it: the teacher's
+    figures on the rows' own labels, each ensemble member's (scored in this run), the student's (``score.student``)."""
+    shapes = file_shapes(output)
+    named = zip(getattr(teacher, "members", []), members, strict=False)
+    record = teacher_record(
+        teacher.name_or_path, teacher.kind, file_groups(output),
+        student=None if student is None else (str(student_name), flat_groups(student, shapes)),
+        members=[(member.name_or_path, member.kind, flat_groups(scores.numpy(), shapes)) for member, scores in named])
+    write_record(output, record)
+    return record
 
 
 def input_file(cfg: DictConfig) -> Path:
@@ -100,7 +135,9 @@ def score(cfg: DictConfig) -> None:
     fabric = build_fabric(cfg)  # nothing is trained: no checkpoints, no loggers
     start = time.perf_counter()
     fabric.launch()
-    plan, _ = score_shards(fabric, teacher, str(source), shards, batch_size, shard_rows)
+    members: list[torch.Tensor] = []
+    plan, _ = score_shards(fabric, teacher, str(source), shards, batch_size, shard_rows, members)
+    student = student_scores(fabric, options, str(source), batch_size, shard_rows)
     seconds = time.perf_counter() - start
     peaks = peak_rss_mb_per_rank()
     if fabric.is_global_zero:
@@ -113,4 +150,5 @@ def score(cfg: DictConfig) -> None:
                    "pairs_scored": plan.pending_pairs, "seconds": round(seconds, 3),
                    "pairs_per_s": round(plan.pending_pairs / max(seconds, 1e-9), 1),
                    "peak_rss_mb_per_rank": [round(mb, 1) for mb in peaks]}
+        details["judgement"] = judge_teacher(output, teacher, members, student, options.get("student"))
         write_score_outputs(output, output_dir, markers, details)

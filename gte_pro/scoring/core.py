@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from gte_pro.data.cache import file_signature
 from gte_pro.data.records import MAX_TEXT_CHARS, clean_text
@@ -113,8 +114,10 @@ def shard_pairs(shard: Shard) -> tuple[list[str], list[str]]:
 
 
 def file_scores(teacher: Teacher, path: str | Path, shard_rows: int, batch_size: int, device: Any = "cpu",
-                context: Callable[[], Any] = contextlib.nullcontext) -> list[np.ndarray]:
-    """The teacher's scores of the whole file's pairs, per shard (collective: ``gte_pro.models.teacher_pairs``)."""
+                context: Callable[[], Any] = contextlib.nullcontext,
+                members_out: list[torch.Tensor] | None = None) -> list[np.ndarray]:
+    """The teacher's scores of the whole file's pairs, per shard (collective: ``gte_pro.models.teacher_pairs``);
+    ``members_out`` gets an ensemble's members' standardised scores of all the pairs (``teacher_scores``)."""
     queries, docs, counts = [], [], []
     for shard in iter_shards(path, shard_rows):
         shard_queries, shard_docs = shard_pairs(shard)
@@ -125,7 +128,8 @@ def file_scores(teacher: Teacher, path: str | Path, shard_rows: int, batch_size:
     query_row = {text: i for i, text in enumerate(query_table)}
     query_of = np.fromiter((query_row[text] for text in queries), dtype=np.int64, count=len(queries))
     with context():
-        scores = teacher_scores(teacher, query_table, docs, query_of, np.arange(len(docs)), batch_size, device)
+        scores = teacher_scores(teacher, query_table, docs, query_of, np.arange(len(docs)), batch_size, device,
+                                members_out=members_out)
     return np.split(scores.numpy(), np.cumsum(counts)[:-1])
 
 

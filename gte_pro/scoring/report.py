@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from gte_pro.scoring.core import quantiles
+from gte_pro.scoring.teacher_file import weak_teacher_problem
 from gte_pro.utils.files import write_json_atomic, write_text_atomic
 from gte_pro.utils.plots import score_histograms
 from gte_pro.utils.tables import markdown_table
@@ -56,7 +57,44 @@ def summary_markdown(summary: dict[str, Any], files: dict[str, Path]) -> str:
     where += f"\n\ntrain on it: `{train_command(files['scored'])}`"
     return (f"# Teacher scores\n\nteacher `{summary['teacher']}` ({summary['kind']}), {summary['world_size']} "
             f"process(es), max_length {summary['max_length']}, batch_size {summary['batch_size']}\n\n"
-            + markdown_table(["", "value"], lines) + f"\n{where}\n")
+            + markdown_table(["", "value"], lines) + judgement_markdown(summary.get("judgement")) + f"\n{where}\n")
+
+
+def judgement_line(record: dict[str, Any], scored: Path | None = None) -> str:
+    """One line: the teacher's figures (and the student's), the temperature used and the one recommended; and,
+    when distillation from ``scored`` would refuse this teacher at that temperature, why."""
+    def figures(f: dict[str, Any]) -> str:
+        return (f"top1 {f['top1']}, mean margin {f['mean_margin']}, mean normalised entropy "
+                f"{f['mean_normalised_entropy']} at {f['temperature']}")
+
+    line = f"teacher on the rows' own labels: {figures(record['teacher_figures'])}"
+    if record.get("student_figures"):
+        line += f"; student {record['student']}: {figures(record['student_figures'])}"
+    line += (f"; read at temperature {record['temperature']} ({record['temperature_why']}); recommended "
+             f"{record['recommended_temperature']}")
+    problem = weak_teacher_problem(scored, record, "distill_kl", record["temperature"]) if scored else None
+    return line if problem is None else f"{line}\nWARNING: {problem}"
+
+
+def judgement_markdown(record: dict[str, Any] | None) -> str:
+    """The teacher judged on the rows' own labels, next to the student and each ensemble member (a teacher record
+    of ``gte_pro.scoring.teacher_file``); "" without one."""
+    if not record:
+        return ""
+    scorers = [(f"teacher `{record['teacher']}`", record["teacher_figures"])]
+    scorers += [(f"member `{member['teacher']}` ({member['kind']}, z-scores)", member["figures"])
+                for member in record.get("members", [])]
+    if record.get("student_figures"):
+        scorers.append((f"student `{record['student']}`", record["student_figures"]))
+    rows = [[name, figures["groups"], figures["top1"], figures["mean_margin"], figures["mean_entropy"],
+             figures["mean_normalised_entropy"], figures["temperature"]] for name, figures in scorers]
+    table = markdown_table(["judged on the rows' own labels", "groups", "top1 (positive above every candidate)",
+                            "mean margin (positive - best negative)", "mean entropy (nats)",
+                            "mean entropy / log(candidates)", "temperature"], rows)
+    return (f"\n## The teacher judged before it teaches\n\n{table}\n"
+            f"- temperature its scores are read at (loss.teacher_temperature=auto): {record['temperature']}: "
+            f"{record['temperature_why']}\n- recommended temperature: {record['recommended_temperature']}: "
+            f"{record['recommended_why']}\n")
 
 
 def plot_histograms(path: Path, positives: np.ndarray, negatives: np.ndarray, kind: str) -> Path:
@@ -81,5 +119,7 @@ def write_score_outputs(output: Path, run_dir: Path, markers: list[dict[str, Any
     write_text_atomic(files["table"], summary_markdown(summary, files))
     plot_histograms(files["plot"], scores(markers, "pos_scores"), scores(markers, "neg_scores"), summary["kind"])
     print("\n".join(f"{name + ':':8} {path}" for name, path in files.items()))
+    if record := summary.get("judgement"):
+        print(judgement_line(record, output))
     print(f"train on it: {train_command(output)}")
     return summary

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from gte_pro.errors import ConfigError
+from gte_pro.scoring.teacher_file import NO_RECORD_TEMPERATURE
 from gte_pro.training.losses import GlobalBatch, InfoNCELoss, LossOutput, _at_least_fp32
 
 
@@ -34,11 +35,13 @@ class _DistillationLoss(InfoNCELoss):
     def __init__(self, *, temperature: float = 0.05, weight_infonce: float = 0.0, gather_across_devices: bool = True,
                  mini_batch_size: int | None = None, max_skipped_steps: int = 10, similarity: str = "cosine",
                  matryoshka_dims: Sequence[int] | None = None,
-                 matryoshka_weights: Sequence[float] | None = None) -> None:
+                 matryoshka_weights: Sequence[float] | None = None, allow_weak_teacher: bool = False) -> None:
         super().__init__(temperature=temperature, gather_across_devices=gather_across_devices,
                          mini_batch_size=mini_batch_size, max_skipped_steps=max_skipped_steps, similarity=similarity,
                          matryoshka_dims=matryoshka_dims, matryoshka_weights=matryoshka_weights)
         self.weight_infonce = float(weight_infonce)
+        # judged before the run starts (gte_pro.config.cross_keys.weak_teacher_problems); kept for the record
+        self.allow_weak_teacher = bool(allow_weak_teacher)
 
     def _loss(self, batch: GlobalBatch) -> LossOutput:
         infonce = super()._loss(batch)
@@ -77,23 +80,32 @@ class DistillKLLoss(_DistillationLoss):
         L = - mean_q  sum_j  p_t[q, j] * log p_s[q, j]  (+ weight_infonce * InfoNCE)
 
     over j in [positive, k negatives] of query q, with s the student's similarity and t the teacher's scores.
+    ``teacher_temperature=auto`` (the default) reads the teacher's scores at the temperature of its kind, from the
+    training file's teacher record (``gte_pro.scoring.teacher_file``: an embedder's cosines at 0.05, a
+    cross-encoder's logits at 1): cosines read at 1 give a near-uniform target, which teaches the student not to
+    separate positives from negatives.
     FlagEmbedding computes exactly this cross-entropy (not ``F.kl_div``): it is KL(p_t || p_s) plus the teacher's
     entropy, a constant of the data, so the gradients are those of the KL. FlagEmbedding softmaxes the raw teacher
-    scores (``teacher_temperature`` 1) and adds its in-batch cross-entropy with weight 1: conf/loss/distill_kl.yaml's
-    defaults (temperature 0.02, FlagEmbedding's default too).
+    scores (``teacher_temperature`` 1: auto's value for a cross-encoder's logits) and adds its in-batch cross-entropy
+    with weight 1: conf/loss/distill_kl.yaml's defaults (temperature 0.02, FlagEmbedding's default too).
     """
 
     name = "distill_kl"
 
-    def __init__(self, *, temperature: float = 0.02, teacher_temperature: float = 1.0, weight_infonce: float = 1.0,
+    def __init__(self, *, temperature: float = 0.02, teacher_temperature: float | str = "auto",
+                 weight_infonce: float = 1.0,
                  gather_across_devices: bool = True, mini_batch_size: int | None = None, max_skipped_steps: int = 10,
                  similarity: str = "cosine", matryoshka_dims: Sequence[int] | None = None,
-                 matryoshka_weights: Sequence[float] | None = None) -> None:
-        super().__init__(temperature=temperature, weight_infonce=weight_infonce,
+                 matryoshka_weights: Sequence[float] | None = None, allow_weak_teacher: bool = False) -> None:
+        super().__init__(temperature=temperature, weight_infonce=weight_infonce, allow_weak_teacher=allow_weak_teacher,
                          gather_across_devices=gather_across_devices, mini_batch_size=mini_batch_size,
                          max_skipped_steps=max_skipped_steps, similarity=similarity, matryoshka_dims=matryoshka_dims,
                          matryoshka_weights=matryoshka_weights)
-        self.teacher_temperature = float(teacher_temperature)
+        # a run resolves auto from the training file's teacher record (gte_pro.scoring.teacher_file, through
+        # gte_pro.modes.build.module_config) before it builds the loss; built without a run, auto is that of a file
+        # without a record
+        auto = teacher_temperature == "auto"
+        self.teacher_temperature = NO_RECORD_TEMPERATURE if auto else float(teacher_temperature)
 
     def distill(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
         scored = torch.isfinite(teacher)
@@ -126,8 +138,8 @@ class MarginMSELoss(_DistillationLoss):
     def __init__(self, *, temperature: float = 0.05, weight_infonce: float = 0.0, gather_across_devices: bool = True,
                  mini_batch_size: int | None = None, max_skipped_steps: int = 10, similarity: str = "dot",
                  matryoshka_dims: Sequence[int] | None = None,
-                 matryoshka_weights: Sequence[float] | None = None) -> None:
-        super().__init__(temperature=temperature, weight_infonce=weight_infonce,
+                 matryoshka_weights: Sequence[float] | None = None, allow_weak_teacher: bool = False) -> None:
+        super().__init__(temperature=temperature, weight_infonce=weight_infonce, allow_weak_teacher=allow_weak_teacher,
                          gather_across_devices=gather_across_devices, mini_batch_size=mini_batch_size,
                          max_skipped_steps=max_skipped_steps, similarity=similarity, matryoshka_dims=matryoshka_dims,
                          matryoshka_weights=matryoshka_weights)

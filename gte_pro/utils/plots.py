@@ -252,3 +252,15 @@ def score_histograms(path: Path, series: Sequence[tuple[Any, str]], xlabel: str,
         return write_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=100))
     finally:
         plt.close(figure)
+
+
+def plot_run_logged(output_dir: Path) -> None:
+    """``curves.png`` from the CSV log (``plot_run``); a plotting failure is reported, not allowed to fail a
+    finished run."""
+    try:
+        path = plot_run(output_dir)
+    except Exception as error:  # noqa: BLE001 - the run's results are saved; the picture is a convenience
+        log.error("curves.png not written: %s: %s", type(error).__name__, error)
+        return
+    if path is not None:
+        log.info("training curves: %s", path)

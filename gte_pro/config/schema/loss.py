@@ -1,9 +1,10 @@
 """The loss group: contrastive and distillation losses."""
 
 from dataclasses import dataclass
+from typing import Any
 
 from gte_pro.config.rules import FLAG as IS_FLAG
-from gte_pro.config.rules import choice, int_list, integer, number, number_list
+from gte_pro.config.rules import TEACHER_TEMPERATURE, choice, int_list, integer, number, number_list
 from gte_pro.config.schema.types import FLAG, redefault, setting
 
 SIMILARITIES = ("cosine", "dot")
@@ -53,6 +54,9 @@ class MarginMSESchema(InfoNCESchema):
     similarity: str = redefault(InfoNCESchema, "similarity", "dot")
     weight_infonce: float = setting(0.0, "plus this times InfoNCE's in-batch term (temperature scales that term "
                                     "only); 0: the distillation term alone", number(0))
+    allow_weak_teacher: FLAG = setting(False, "distil even from a teacher that <train_file>.teacher.json shows "
+                                       "ranking positives first less often than the student, or with a near-uniform "
+                                       "softmax (docs/teachers.md); false: such a run is refused", IS_FLAG)
 
 
 @dataclass
@@ -62,8 +66,9 @@ class DistillKLSchema(MarginMSESchema):
     _target_: str = "gte_pro.training.losses_distill.DistillKLLoss"
     temperature: float = redefault(InfoNCESchema, "temperature", 0.02)  # the student's, in both terms
     similarity: str = redefault(InfoNCESchema, "similarity", "cosine")
-    teacher_temperature: float = setting(1.0, "softmax(teacher scores / teacher_temperature)",
-                                         number(0, open_low=True))
+    teacher_temperature: Any = setting("auto", "softmax(teacher scores / teacher_temperature); auto: by the "
+                                       "teacher's kind in <train_file>.teacher.json (embedder 0.05, cross-encoder 1, "
+                                       "ensemble its recommended one), 1 without that record", TEACHER_TEMPERATURE)
     # FlagEmbedding adds its in-batch cross-entropy with weight 1
     weight_infonce: float = redefault(MarginMSESchema, "weight_infonce", 1.0)
 

@@ -20,6 +20,10 @@ class ScoreSchema:
                                        "hub name is read as a cross-encoder", choice(*TEACHER_KINDS, None))
     trust_remote_code: Any = setting(False, "the teacher's own code from the hub: only for a teacher you trust",
                                      IS_FLAG)
+    student: str | None = setting(None, "an embedder (folder or hub name) judged next to the teacher on the rows' "
+                                  "own labels, e.g. the model that mined them; a distillation run refuses a teacher "
+                                  "that ranks positives first less often; null: the teacher alone",
+                                  text(optional=True))
     input: str | None = setting(None, "the JSON-lines training file to score; null: data.train_file (data=jsonl)",
                                 text(optional=True))
     output: str | None = setting(None, "the scored file (each row with pos_scores and neg_scores); null: <run "
