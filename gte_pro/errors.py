@@ -70,6 +70,23 @@ class MissingDependencyError(UserError, ImportError):
     hint = "install the extra the message names, or turn the option off"
 
 
+class RunStopped(BaseException):
+    """A run stopped on SIGTERM or SIGINT (``gte_pro.launch.stop``) after saving what it could; ``saved`` says what
+    (a checkpoint, finished shards), or is empty. A BaseException, so that no ``except Exception`` swallows it;
+    ``run_cli`` exits with 128 + the signal's number, as a shell reports a process killed by that signal."""
+
+    def __init__(self, signum: int, saved: str = "") -> None:
+        import signal
+
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+        self.saved = saved
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
 def _hydra_user_errors() -> tuple[type[BaseException], ...]:
     """Hydra's composition errors, and OmegaConf's about a value the user wrote (a wrong type, an unset ``???``, an
     interpolation that cannot be resolved); not a missing attribute, which is as likely our bug as the user's."""
@@ -153,8 +170,11 @@ def exit_on_user_error() -> Iterator[None]:
 def run_cli(main: Callable[[], Any]) -> None:
     """Run a ``@hydra.main`` function as the command line. Its body reports its own mistakes (``exit_on_user_error``
     around the job, so that Hydra adds no line of its own); this catches those Hydra finds before the job starts: an
-    unknown group option or key, an override's syntax."""
+    unknown group option or key, an override's syntax. A run stopped by SIGTERM or SIGINT exits 143 or 130."""
     os.environ.setdefault(SHOW_TRACEBACK, "1" if os.environ.get("HYDRA_FULL_ERROR") == "1" else "0")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises instead of printing its own partial traceback
     with exit_on_user_error():
-        main()
+        try:
+            main()
+        except RunStopped as stopped:  # SIGTERM/SIGINT: the run saved what it could and said so (gte_pro.train)
+            raise SystemExit(stopped.exit_code) from None

@@ -26,7 +26,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("utils",),  # files, progress, timing, the distributed check: no models, no data
     ("retrieval", "launch"),  # exact top-k and retrieval sets; processes, checkpoints, resuming, sweeps
     ("data", "models"),  # rows -> batches and stores; the encoder and what shapes it
-    ("scoring",),  # a file scored by a teacher, and the teacher judged on its scores (mining's rescoring uses the judge)
+    ("scoring",),  # a file scored by a teacher, and the teacher judged on its scores (rescoring uses the judge)
     ("evaluation", "mining"),  # metrics and evaluation sets; hard negatives
     ("training", "export", "config"),  # inside trainer.fit; exports of a trained encoder; checking a config
     ("modes",),  # what a run does (build, fit, evaluate, mine, score)

@@ -3,7 +3,9 @@ and a report.md with pictures (``gte_pro.utils.plots``).
 
 The summary is rewritten after every job, so a sweep whose job raises still leaves one (Hydra runs every job,
 then re-raises the first failure and exits non-zero, without calling ``on_multirun_end``). A failed job's
-traceback is kept in ``<job dir>/error.txt``; its row says ``failed`` with the exception's last line.
+traceback is kept in ``<job dir>/error.txt``; its row says ``failed`` with the exception's last line. A job stopped
+on SIGTERM or SIGINT stops the sweep and rewrites the summary itself: its row says ``interrupted``, with the
+command that resumes it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from gte_pro.utils.tables import markdown_table
 log = logging.getLogger(__name__)
 
 ERROR_FILE = "error.txt"
+INTERRUPTED_FILE = "interrupted.json"  # written by a job stopped on SIGTERM/SIGINT (gte_pro.train), removed on restart
 
 
 def _last_line(text: str) -> str:
@@ -48,6 +51,10 @@ def summarize_sweep(sweep_dir: Path, metric: str = "val/ndcg@10") -> list[dict[s
         row: dict[str, Any] = {"job": job_dir.name, "overrides": overrides, "status": "not finished"}
         if error_file.is_file():
             row.update({"status": "failed", "error": _last_line(error_file.read_text())})
+        elif (job_dir / INTERRUPTED_FILE).is_file():
+            stop = json.loads((job_dir / INTERRUPTED_FILE).read_text())
+            row.update({"status": "interrupted",
+                        "error": f"stopped by {stop.get('signal')}; resume: {stop.get('resume')}"})
         elif metrics_file.is_file():
             blob = json.loads(metrics_file.read_text())
             row.update({"status": "ok", **blob.get("val", {}), "global_step": blob.get("global_step")})
@@ -70,6 +77,19 @@ def write_summary(sweep_dir: Path, rows: Sequence[dict[str, Any]]) -> None:
     write_text_atomic(sweep_dir / "summary.csv", buffer.getvalue())
     write_text_atomic(sweep_dir / "summary.md", markdown_table(columns, [[row.get(c) for c in columns]
                                                                          for row in rows]))
+
+
+def record_interrupted_job(metric: str | None) -> None:
+    """A sweep's job stopped on a signal: rewrite the summary now (the signal stops the sweep before Hydra calls
+    ``on_job_end``), so that the job's row says interrupted."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return
+    sweep_dir = Path(str(HydraConfig.get().sweep.dir))
+    if sweep_dir.is_dir():
+        rows = summarize_sweep(sweep_dir, metric or "val/ndcg@10")
+        log.info("sweep summary (%d jobs): %s", len(rows), sweep_dir / "summary.csv")
 
 
 try:

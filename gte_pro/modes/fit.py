@@ -28,7 +28,7 @@ from gte_pro.export.cross_encoder import export_cross_encoder, release_reranker
 from gte_pro.export.release import check_export_requirements, release
 from gte_pro.export.writers import export_sentence_transformers
 from gte_pro.launch.fsdp import is_sharded, unsharded_module
-from gte_pro.launch.preemption import PreemptionCheckpoint, under_submitit
+from gte_pro.launch.preemption import PreemptionCheckpoint, stop_if_asked
 from gte_pro.launch.resume import check_resumed_config, resume_checkpoint
 from gte_pro.mining.remine import RemineNegatives, remine_callback
 from gte_pro.models.cross_encoder import CrossEncoder
@@ -132,6 +132,7 @@ def fit(cfg: DictConfig) -> float | None:
             optimized_value(before, cfg.get("optimized_metric"))  # a wrong name fails now, not after training
         with times.phase("training"):
             run.trainer.fit(run.module, datamodule=run.datamodule, ckpt_path=run.ckpt_path)
+        stop_if_asked(run.trainer)  # a signal during the last steps, which had no boundary left to stop at
         train_metrics = {**run.module.train_metrics(), **(run.throughput.rates() if run.throughput else {})}
         best_ckpt = _best_checkpoint(run.trainer)
         with times.phase("validation after"):
@@ -166,8 +167,7 @@ def set_up(cfg: DictConfig, times: PhaseTimes) -> Run:
     configured = instantiate_dict(cfg.get("callbacks"))
     validation = ValidationRecord()
     callbacks = [*configured, validation]
-    if under_submitit():
-        callbacks.append(PreemptionCheckpoint(output_dir))
+    callbacks.append(PreemptionCheckpoint(output_dir))  # SIGTERM/SIGINT (and submitit's preemption signal)
     if remine is not None:
         callbacks.append(remine)
     loggers = instantiate_dict(cfg.get("logger"))

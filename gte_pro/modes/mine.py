@@ -34,6 +34,7 @@ from lightning.fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
 
 from gte_pro.errors import ConfigError
+from gte_pro.launch.stop import STOP
 from gte_pro.mining.core import MinedNegatives
 from gte_pro.mining.corpus import TextStore, ensure_text_store
 from gte_pro.mining.embed import mine_texts
@@ -138,6 +139,7 @@ def mine(cfg: DictConfig) -> None:
     fabric = build_fabric(cfg)  # nothing is trained: no checkpoints, no loggers
     start = time.perf_counter()
     fabric.launch()
+    STOP.forward_to(fabric.strategy.launcher)  # a kill of this process stops the ranks it started too
     with fabric.rank_zero_first(local=True):
         if fabric.local_rank == 0:
             data.prepare_data()

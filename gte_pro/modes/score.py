@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from gte_pro.errors import ConfigError, MissingModelError
+from gte_pro.launch.stop import STOP
 from gte_pro.models.teacher import Teacher, load_teacher
 from gte_pro.modes.build import build_fabric, on_device, start_run
 from gte_pro.scoring.core import (
@@ -135,6 +136,7 @@ def score(cfg: DictConfig) -> None:
     fabric = build_fabric(cfg)  # nothing is trained: no checkpoints, no loggers
     start = time.perf_counter()
     fabric.launch()
+    STOP.forward_to(fabric.strategy.launcher)  # a kill of this process stops the ranks it started too
     members: list[torch.Tensor] = []
     plan, _ = score_shards(fabric, teacher, str(source), shards, batch_size, shard_rows, members)
     student = student_scores(fabric, options, str(source), batch_size, shard_rows)
