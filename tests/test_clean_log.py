@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -39,10 +40,15 @@ def test_a_default_debug_run_prints_no_noise_and_ends_with_the_table_and_the_mod
     found = {name: re.search(pattern, log).group(0) for name, pattern in NOISE.items() if re.search(pattern, log)}
     assert not found, f"noise in the log: {found}\n{log[-6000:]}"
     # the breakdown of time and memory, then the table
-    assert proc.stdout.strip().splitlines()[-9].startswith("wall time: ")
-    assert proc.stdout.strip().splitlines()[-8].startswith("peak RSS at the end of: setup ")
-    last = proc.stdout.strip().splitlines()[-6:]
-    assert last[0].startswith("| set | ndcg@10 | ndcg@10 before") and last[2].startswith("| held-out |")
-    assert last[-2] == f"metrics: {run_dir / 'metrics.json'}" and last[-1] == f"model:   {run_dir / 'model'}"
+    lines = proc.stdout.strip().splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith("wall time: "))
+    assert lines[start + 1].startswith("peak RSS at the end of: setup ")
+    table, after = lines[start + 3 : start + 6], lines[start + 6 :]
+    assert table[0].startswith("| set | ndcg@10 | ndcg@10 before") and table[2].startswith("| held-out |")
+    assert after[-2] == f"metrics: {run_dir / 'metrics.json'}" and after[-1] == f"model:   {run_dir / 'model'}"
+    # between them only the note of a run that ended below its val_before, which metrics.json records too
+    notes = [line for line in after[:-2] if line]
+    assert all(note.startswith("WARNING: val/ndcg@10 ") and "below" in note for note in notes), notes
+    assert bool(notes) == bool(json.loads((run_dir / "metrics.json").read_text()).get("below_val_before"))
     # the export carries every weight of its architecture: transformers loads it without a load report
     assert (run_dir / "model" / "model.safetensors").is_file()
