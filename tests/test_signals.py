@@ -201,19 +201,10 @@ def test_sigterm_from_outside_stops_train_py_with_143_and_a_checkpoint(tmp_path:
 
 
 # --- score and mine stop at once ---------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from gte_pro import packaged_minilm_path
-    from gte_pro.models.cross_encoder import CrossEncoder
-    from tests.test_score import TINY
-
-    torch.manual_seed(0)
-    folder = tmp_path_factory.mktemp("teacher") / "cross-encoder"
-    CrossEncoder.load(packaged_minilm_path(), max_length=64, random_init_config=TINY).save(folder)
-    return folder
+from tests.test_score import cross_encoder  # noqa: E402, F401  (the tiny teacher fixture, one definition)
 
 
-def test_sigterm_during_score_keeps_the_finished_shards(make_cfg, tmp_path: Path, cross_encoder: Path,
+def test_sigterm_during_score_keeps_the_finished_shards(make_cfg, tmp_path: Path, cross_encoder: Path,  # noqa: F811 (the imported fixture)
                                                         signals_caught, monkeypatch):
     from gte_pro.scoring.shards import ShardFolder
     from tests.conftest import write_jsonl
