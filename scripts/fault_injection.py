@@ -10,11 +10,13 @@ final ``last.ckpt`` and of ``model/`` equal (torch.equal), and ``metrics.json``'
 train metrics equal. A run takes up to ``--kills-per-run`` kills (each restart resumes the previous restart)
 before it may finish; then a new run starts, until ``--kills`` kills have landed.
 
-Kill moments cycle through: a random time (uniform over 90% of the reference run's wall time), inside a checkpoint write
-(half the bytes written), between the two renames of a checkpoint save (``last.ckpt`` moved to ``previous.ckpt``,
-the new one not yet in place), and inside the exports (a finished export not yet renamed into place). The last
-three are injected by this script's ``--child`` wrapper (patches of ``torch.save`` and ``os.replace`` in the
-training process), not by the project's code.
+Kill moments cycle through: a random time (uniform over 90% of the reference run's wall time), SIGTERM or SIGINT at
+a random time (sent to the run's main process, as ``kill`` or Ctrl+C would: it must exit with 143 or 130 within
+two minutes, having saved ``last.ckpt`` at its next step, and the restart resumes from there), inside a checkpoint
+write (half the bytes written), between the two renames of a checkpoint save (``last.ckpt`` moved to
+``previous.ckpt``, the new one not yet in place), and inside the exports (a finished export not yet renamed into
+place). The last three are injected by this script's ``--child`` wrapper (patches of ``torch.save`` and
+``os.replace`` in the training process), not by the project's code.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-KILL_KINDS = ("time", "time", "ckpt-write", "time", "ckpt-rename", "export")
+KILL_KINDS = ("time", "sigterm", "ckpt-write", "time", "ckpt-rename", "export", "sigint")
+# a polite stop: the signal to the run's main process (rank 0), which must save, exit with this code, and resume
+STOP_SIGNALS = {"sigterm": (signal.SIGTERM, 143), "sigint": (signal.SIGINT, 130)}
 EXPORT_TARGETS = {"model", "hf", "metrics.json", "metrics.md", "model.onnx"}
 
 # a 2-epoch run of the tiny model: ~40 steps, validation every 7, last.ckpt every 3 steps
@@ -123,6 +127,20 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def _stop(proc: subprocess.Popen, kind: str, log: Path, within: float = 120.0) -> int:
+    """Send SIGTERM or SIGINT to the run's main process; it must exit with 143 or 130 within ``within`` seconds."""
+    signum, code = STOP_SIGNALS[kind]
+    proc.send_signal(signum)
+    try:
+        rc = proc.wait(timeout=within)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        raise RuntimeError(f"{kind}: the run did not stop within {within:.0f} s, see {log}") from None
+    if rc not in (0, code):
+        raise RuntimeError(f"{kind}: the run exited with {rc}, not {code}, see {log}")
+    return rc
+
+
 def _last_step(log: Path) -> int:
     steps = re.findall(r"step (\d+)/", log.read_text(errors="replace"))
     return int(steps[-1]) if steps else 0
@@ -202,13 +220,23 @@ def run_variant(name: str, kills: int, kills_per_run: int, work: Path, cache: Pa
             kind = KILL_KINDS[(stats["kills"] + attempt) % len(KILL_KINDS)] if armed else "none"
             nth = rng.randint(1, 12) if kind.startswith("ckpt") else rng.randint(1, 3)
             log = work / f"{name}-run{stats['runs']}-{attempt}.log"
-            proc = _start(run, overrides, cache, "none" if kind == "time" else kind, nth, log)
+            timed = kind == "time" or kind in STOP_SIGNALS
+            proc = _start(run, overrides, cache, "none" if timed else kind, nth, log)
             try:
-                rc = proc.wait(timeout=rng.uniform(1.0, 0.9 * span) if kind == "time" else timeout)
+                rc = proc.wait(timeout=rng.uniform(1.0, 0.9 * span) if timed else timeout)
             except subprocess.TimeoutExpired:
-                rc = None
+                rc = _stop(proc, kind, log) if kind in STOP_SIGNALS else None
             if rc == 0:
                 break  # finished: unarmed, or before the kill landed
+            if kind in STOP_SIGNALS and rc == STOP_SIGNALS[kind][1]:
+                _kill_group(proc)  # a DDP rank or worker still exiting
+                landed += 1
+                stats["kills"] += 1
+                stats["by_kind"][kind] = stats["by_kind"].get(kind, 0) + 1
+                resumes_at = _checkpoint_step(run)
+                stats["resumed"] += int(resumes_at > 0)
+                stats["stop_steps_lost_max"] = max(stats.get("stop_steps_lost_max", 0), _last_step(log) - resumes_at)
+                continue
             if rc is None or rc == -signal.SIGKILL:
                 _kill_group(proc)
                 landed += 1

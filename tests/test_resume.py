@@ -19,7 +19,7 @@ from gte_pro.data.collate import TokenCollator
 from gte_pro.data.datasets import TokenizedPairs
 from gte_pro.data.sampling import EpochSampler, ResumableLoader
 from gte_pro.launch.checkpoint_io import AtomicCheckpointIO, is_intact
-from gte_pro.launch.resume import check_resumed_config, resume_checkpoint
+from gte_pro.launch.resume import check_resumed_config, record_restart, restart_history, resume_checkpoint
 from gte_pro.train import train
 from gte_pro.utils.files import remove_stale_temporaries
 
@@ -224,6 +224,8 @@ def stop_at_step_7_and_resume(make_cfg, tmp_path: Path, run: list[str]) -> None:
     assert torch.load(stopped / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
     train(make_cfg(run, output_dir=stopped))
     _assert_same_run(stopped, reference)
+    restarts = json.loads((stopped / "metrics.json").read_text())["restarts"]
+    assert [(r["restart"], r["step"], Path(r["resumed_from"]).name) for r in restarts] == [(1, 6, "last.ckpt")]
 
 
 def _assert_same_run(stopped: Path, reference: Path) -> None:
@@ -266,3 +268,27 @@ def test_time_based_last_checkpoint_agrees_on_the_clock_only_every_few_steps():
     due = [callback._due(SimpleNamespace(global_step=step, strategy=strategy)) for step in range(1, 31)]
     assert len(asked) == 30 // TIME_CHECK_EVERY
     assert [step for step, d in zip(range(1, 31), due, strict=True) if d] == [10, 20, 30]
+
+
+def test_each_restart_is_logged_and_recorded_with_its_step_and_slurm_requeue(tmp_path: Path, monkeypatch, caplog):
+    """What a preempted job's log and metrics.json say: how many times it came back, from which step, under which
+    SLURM job and requeue count; a start from scratch clears the history; a line cut by a kill is skipped."""
+    checkpoint = tmp_path / "checkpoints" / "last.ckpt"
+    checkpoint.parent.mkdir()
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    for restart_count, step in ((1, 12), (2, 30)):
+        torch.save({"global_step": step, "epoch": 1}, checkpoint)
+        monkeypatch.setenv("SLURM_RESTART_COUNT", str(restart_count))
+        with caplog.at_level("INFO", logger="gte_pro.launch.resume"):
+            record_restart(tmp_path, str(checkpoint))
+    assert f"resuming from {checkpoint} (step 30, epoch 1): restart 2 of this run folder; SLURM job 4242, " \
+        "requeued 2 time(s)" in caplog.text
+    with (tmp_path / "restarts.jsonl").open("a") as out:
+        out.write('{"restart": 3, "st')  # a kill in the middle of the append
+    history = restart_history(tmp_path)
+    assert [(r["restart"], r["step"], r["slurm_job_id"], r["slurm_restart_count"]) for r in history] == \
+        [(1, 12, "4242", 1), (2, 30, "4242", 2)]
+    record_restart(tmp_path, str(checkpoint))  # the next restart's line is whole again
+    assert [r["restart"] for r in restart_history(tmp_path)] == [1, 2, 3]
+    record_restart(tmp_path, None)
+    assert restart_history(tmp_path) == []

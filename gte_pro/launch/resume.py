@@ -9,12 +9,16 @@ it with a different model, data, loss, batch size, learning rate, seed, ... is a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
@@ -27,6 +31,7 @@ log = logging.getLogger(__name__)
 
 RESUME_CHOICES = ("auto", "never", "force")
 RUN_CONFIG = "run_config.json"
+RESTARTS = "restarts.jsonl"  # one line per start of this run folder that resumed a checkpoint
 
 # keys that change where or how a run reports, not what it trains: free to differ on resume
 NOT_TRAINING = ("paths", "logger", "callbacks", "hydra", "export", "eval", "task_name", "ckpt_path", "resume",
@@ -71,8 +76,51 @@ def resume_checkpoint(ckpt_path: str | None, resume: str, output_dir: Path) -> s
     if found is None:
         raise ResumeError(f"{folder} holds no intact checkpoint to resume from (damaged ones were renamed "
                          "*.corrupt-*): start a new run folder, or pass resume=never to train this one from scratch")
-    log.info("resuming from %s", found)
     return str(found)
+
+
+def record_restart(output_dir: Path, ckpt_path: str | None) -> dict[str, Any] | None:
+    """Log and append to ``<run>/restarts.jsonl`` (rank 0) what this start resumes from: the checkpoint, its step
+    and epoch, and the SLURM job and requeue count when there is one. A preempted job's history is then one file:
+    how many times it came back and what each restart continued from. A start from scratch clears the history."""
+    if ckpt_path is None:
+        if rank_zero_only.rank == 0:
+            (output_dir / RESTARTS).unlink(missing_ok=True)
+        return None
+    checkpoint = torch.load(ckpt_path, map_location="cpu", mmap=True, weights_only=True)
+    earlier = restart_history(output_dir)
+    entry = {"restart": len(earlier) + 1, "resumed_from": ckpt_path, "step": int(checkpoint.get("global_step", 0)),
+             "epoch": int(checkpoint.get("epoch", 0)), "host": socket.gethostname(),
+             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+             "slurm_restart_count": _int_or_none(os.environ.get("SLURM_RESTART_COUNT"))}
+    slurm = (f"; SLURM job {entry['slurm_job_id']}, requeued {entry['slurm_restart_count'] or 0} time(s)"
+             if entry["slurm_job_id"] else "")
+    log.info("resuming from %s (step %d, epoch %d): restart %d of this run folder%s", ckpt_path, entry["step"],
+             entry["epoch"], entry["restart"], slurm)
+    if rank_zero_only.rank == 0:
+        path = output_dir / RESTARTS
+        cut = path.is_file() and not path.read_bytes().endswith(b"\n")  # a kill during the last append
+        with path.open("a", encoding="utf-8") as out:
+            out.write(("\n" if cut else "") + json.dumps(entry) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+    return entry
+
+
+def restart_history(output_dir: Path) -> list[dict[str, Any]]:
+    """Every restart recorded in ``<run>/restarts.jsonl`` (a line cut by a kill is skipped: it is the last one)."""
+    path = output_dir / RESTARTS
+    if not path.is_file():
+        return []
+    entries = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            entries.append(json.loads(line))
+    return entries
+
+
+def _int_or_none(value: str | None) -> int | None:
+    return int(value) if value and value.isdigit() else None
 
 
 def training_config(cfg: DictConfig) -> dict[str, Any]:

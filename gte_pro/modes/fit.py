@@ -29,7 +29,7 @@ from gte_pro.export.release import check_export_requirements, release
 from gte_pro.export.writers import export_sentence_transformers
 from gte_pro.launch.fsdp import is_sharded, unsharded_module
 from gte_pro.launch.preemption import PreemptionCheckpoint, stop_if_asked
-from gte_pro.launch.resume import check_resumed_config, resume_checkpoint
+from gte_pro.launch.resume import check_resumed_config, record_restart, restart_history, resume_checkpoint
 from gte_pro.mining.remine import RemineNegatives, remine_callback
 from gte_pro.models.cross_encoder import CrossEncoder
 from gte_pro.models.encoder import Encoder
@@ -152,6 +152,7 @@ def set_up(cfg: DictConfig, times: PhaseTimes) -> Run:
     _remove_leftovers(output_dir)
     ckpt_path = resume_checkpoint(cfg.get("ckpt_path"), cfg.get("resume", "auto"), output_dir)
     config_changes = check_resumed_config(cfg, output_dir, ckpt_path)
+    record_restart(output_dir, ckpt_path)
     if ckpt_path:  # continuing in a folder that holds checkpoints is the point, not a mistake to warn about
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
     check_export_requirements(cfg.get("export"))
@@ -256,6 +257,7 @@ def _summary(run: Run, before: dict[str, float] | None, after: dict[str, float],
         "global_step": run.trainer.global_step,
         "world_size": run.trainer.world_size,
         "resumed_from": run.ckpt_path,
+        "restarts": restart_history(run.output_dir),  # every start that resumed, with its step and SLURM requeue
         "resume_config_changes": run.config_changes,
         "lr": run.module.lr,
         "parameters": _parameter_counts(run.module.encoder),
