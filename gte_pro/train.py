@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from gte_pro.config.checks import check_config
 from gte_pro.errors import RunStopped
 from gte_pro.launch.environment import job_scope
+from gte_pro.launch.preemption import under_submitit
 from gte_pro.launch.run_lock import run_folder_lock, takes_the_lock
 from gte_pro.launch.stop import resume_command, stop_on_signals
 from gte_pro.launch.sweep import INTERRUPTED_FILE, record_interrupted_job
@@ -50,6 +51,8 @@ def train(cfg: DictConfig) -> float | None:
         except RunStopped as stopped:
             if holder:  # the other ranks stop with it, silently: one line per run
                 _report_stop(stopped, mode, run_dir, cfg.get("optimized_metric"))
+            if under_submitit():  # a SLURM job: its exit code says it, not a traceback in the job's log; SLURM
+                raise SystemExit(stopped.exit_code) from None  # requeues it or ends it (no submitit result)
             raise
 
 

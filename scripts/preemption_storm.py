@@ -10,8 +10,10 @@ optimizer steps, validation every epoch). The reference runs undisturbed. The st
   ``--signal`` sends): every rank saves ``last.ckpt`` at an agreed step and submitit requeues the job;
 - ``requeue``: ``scontrol requeue`` (the scheduler takes the node back): SLURM sends SIGTERM to the job's tasks,
   they save ``last.ckpt`` at an agreed step and exit 143, and SLURM starts the job again;
-- ``startup``: ``scancel --signal=USR2`` within seconds of a restart, before training has begun (submitit's own
-  handler requeues it; the restart resumes from the checkpoint of the restart before).
+- ``startup``: ``scontrol requeue`` within seconds of a restart, before training has begun (the processes may not
+  have a handler yet, SLURM ends them and starts the job again; it resumes from the checkpoint of the restart
+  before). A USR2 there is not a case: a process that has not yet installed a handler dies of it, as any
+  program would, and SLURM does not requeue a failed job.
 
 Training-time moments wait until the restart has logged a random 1-15 steps past its resume point. After the
 last preemption the job runs to the end. Then: every tensor of ``last.ckpt`` and ``model/`` equal to the
@@ -95,6 +97,9 @@ def _wait_running(job_id: str, restarts: int, deadline: float) -> None:
         job = _slurm_job(job_id)
         if job.get("JobState") == "RUNNING" and int(job.get("Restarts", 0)) >= restarts:
             return
+        if job.get("JobState") in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+            raise RuntimeError(f"job {job_id} ended {job['JobState']} (exit {job.get('ExitCode')}) instead of "
+                               f"running restart {restarts}")
         time.sleep(0.5)
     raise TimeoutError(f"job {job_id} is not running restart {restarts}: {_slurm_job(job_id)}")
 
@@ -117,8 +122,8 @@ def _preempt(moment: str, job_id: str, sweep: Path, rng: random.Random, steps: i
             raise TimeoutError(f"job {job_id} made no progress")
         if seen >= steps - 20:
             raise RuntimeError(f"job {job_id} is at step {seen} of {steps}: raise --steps for this many preemptions")
-    command = (["scontrol", "requeue", job_id] if moment == "requeue"
-               else ["scancel", "--signal=USR2", job_id])
+    command = (["scancel", "--signal=USR2", job_id] if moment == "usr2"
+               else ["scontrol", "requeue", job_id])
     subprocess.run(command, check=True, capture_output=True)
     return {"moment": moment, "last_step_logged": seen, "time": time.strftime("%H:%M:%S")}
 

@@ -110,3 +110,26 @@ def _job_states(job_id: str, until: str, timeout: float) -> str:
         if until in states or time.time() > deadline:
             return states
         time.sleep(2)
+
+
+@pytest.mark.slow
+def test_a_job_preempted_three_times_ends_bit_identical_and_its_log_says_so(tmp_path: Path):
+    """scripts/preemption_storm.py on the local SLURM: one 2-task DDP job preempted once by SIGUSR2 during training,
+    once by `scontrol requeue` during training and once by `scontrol requeue` during its start-up, against an
+    undisturbed job. (`make reliability` runs the same storm ten times over.)"""
+    report = tmp_path / "storm.json"
+    done = subprocess.run([sys.executable, "scripts/preemption_storm.py", "--preemptions", "3", "--steps", "300",
+                           "--seed", "3", "--work", str(tmp_path / "work"), "--json", str(report),
+                           "--timeout", "1500"], cwd=REPO, env=slurm_env(), capture_output=True, text=True,
+                          timeout=1700)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    result = json.loads(report.read_text())
+    assert sorted(event["moment"] for event in result["moments"]) == ["requeue", "startup", "usr2"]
+    assert result["identical_weights"] and result["same_metrics"] and result["global_step"] == 300
+    assert result["slurm_restarts"] == 3
+    # a requeue during the first start-up resumes nothing: every other restart continued from a checkpoint
+    assert len(result["resumed_steps"]) >= 2 and all(0 < step < 300 for step in result["resumed_steps"])
+    job_log = "".join(p.read_text(errors="replace") for p in (tmp_path / "work" / "storm" / ".submitit")
+                      .rglob("*_0_log.*"))
+    last = len(result["resumed_steps"])
+    assert f"restart {last} of this run folder; SLURM job {result['job_id']}, requeued" in job_log
