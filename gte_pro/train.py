@@ -19,9 +19,8 @@ from omegaconf import DictConfig
 from gte_pro.config.checks import check_config
 from gte_pro.errors import RunStopped
 from gte_pro.launch.environment import job_scope
-from gte_pro.launch.preemption import under_submitit
 from gte_pro.launch.run_lock import run_folder_lock, takes_the_lock
-from gte_pro.launch.stop import resume_command, stop_on_signals
+from gte_pro.launch.stop import resume_command, stop_on_signals, under_submitit
 from gte_pro.launch.sweep import INTERRUPTED_FILE, record_interrupted_job
 from gte_pro.modes.evaluate import evaluate
 from gte_pro.modes.fit import fit

@@ -276,3 +276,29 @@ def test_a_sweep_summary_says_interrupted(tmp_path: Path):
     assert rows["0"]["status"] == "ok"
     assert rows["1"]["status"] == "interrupted"
     assert rows["1"]["error"] == "stopped by SIGTERM; resume: python train.py x"
+
+
+def test_a_stopped_slurm_job_prints_a_resume_command_of_train_py(tmp_path: Path, monkeypatch):
+    """Inside a submitit job argv[0] is submitit's own _submit.py: the printed command names train.py, the job's
+    overrides and its folder (a storm on the local SLURM printed `python .../submitit/core/_submit.py ...`)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from gte_pro.launch.stop import resume_command
+    from tests.conftest import CONF
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=["model.lr=0.002"], return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    try:
+        monkeypatch.setattr(sys, "argv", ["/venv/lib/python3.11/site-packages/submitit/core/_submit.py", "/f"])
+        monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+        assert resume_command(tmp_path) == f"python train.py model.lr=0.002 hydra.run.dir={tmp_path}"
+        monkeypatch.delenv("SUBMITIT_EXECUTOR")
+        monkeypatch.setattr(sys, "argv", ["my_train.py"])  # outside submitit: the script that was run
+        assert resume_command(tmp_path) == f"python my_train.py model.lr=0.002 hydra.run.dir={tmp_path}"
+    finally:
+        HydraConfig.instance().cfg = None
+        GlobalHydra.instance().clear()

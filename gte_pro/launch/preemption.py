@@ -15,18 +15,13 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from gte_pro.errors import RunStopped
-from gte_pro.launch.stop import STOP, STOP_SIGNALS, deferring
+from gte_pro.launch.stop import STOP, STOP_SIGNALS, deferring, under_submitit
 
 log = logging.getLogger(__name__)
 
 
 def submitit_signal() -> int:
     return getattr(signal, "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"))
-
-
-def under_submitit() -> bool:
-    """True inside a job that submitit started (its SLURM and local executors both export this)."""
-    return "SUBMITIT_EXECUTOR" in os.environ
 
 
 class PreemptionCheckpoint(Callback):

@@ -102,6 +102,11 @@ def deferring() -> Iterator[None]:
         STOP.deferred = False
 
 
+def under_submitit() -> bool:
+    """True inside a job that submitit started (its SLURM and local executors both export this)."""
+    return "SUBMITIT_EXECUTOR" in os.environ
+
+
 def resume_command(run_dir: Path) -> str:
     """The command that continues this run in ``run_dir``: the job's own overrides (a sweep's job: its values, no
     ``-m``) and its folder."""
@@ -110,4 +115,5 @@ def resume_command(run_dir: Path) -> str:
     if not HydraConfig.initialized():  # a config composed in Python (tests, a notebook): the usual entry point
         return shlex.join(["python", "train.py", f"hydra.run.dir={run_dir}"])
     overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("hydra.run.dir=")]
-    return shlex.join(["python", sys.argv[0], *overrides, f"hydra.run.dir={run_dir}"])
+    entry = "train.py" if under_submitit() else sys.argv[0]  # a job's argv[0] is submitit's own _submit.py
+    return shlex.join(["python", entry, *overrides, f"hydra.run.dir={run_dir}"])
