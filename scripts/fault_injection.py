@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-KILL_KINDS = ("time", "sigterm", "ckpt-write", "time", "ckpt-rename", "export", "sigint")
+KILL_KINDS = ("time", "sigterm", "ckpt-write", "sigint", "ckpt-rename", "time", "export")
 # a polite stop: the signal to the run's main process (rank 0), which must save, exit with this code, and resume
 STOP_SIGNALS = {"sigterm": (signal.SIGTERM, 143), "sigint": (signal.SIGINT, 130)}
 EXPORT_TARGETS = {"model", "hf", "metrics.json", "metrics.md", "model.onnx"}
@@ -136,6 +136,11 @@ def _stop(proc: subprocess.Popen, kind: str, log: Path, within: float = 120.0) -
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         raise RuntimeError(f"{kind}: the run did not stop within {within:.0f} s, see {log}") from None
+    if rc == -signum:  # the default action: only before the run set its handler up, or after it finished
+        text = log.read_text(errors="replace")
+        if _last_step(log) and "metrics: " not in text:
+            raise RuntimeError(f"{kind}: the run died of the signal during training, see {log}")
+        return 0 if "metrics: " in text else rc
     if rc not in (0, code):
         raise RuntimeError(f"{kind}: the run exited with {rc}, not {code}, see {log}")
     return rc
@@ -217,7 +222,7 @@ def run_variant(name: str, kills: int, kills_per_run: int, work: Path, cache: Pa
         landed = 0  # kills this run has taken: up to kills_per_run, then it may finish
         for attempt in range(4 * kills_per_run + 4):
             armed = stats["kills"] < kills and landed < kills_per_run
-            kind = KILL_KINDS[(stats["kills"] + attempt) % len(KILL_KINDS)] if armed else "none"
+            kind = KILL_KINDS[stats["kills"] % len(KILL_KINDS)] if armed else "none"  # three kills: three kinds
             nth = rng.randint(1, 12) if kind.startswith("ckpt") else rng.randint(1, 3)
             log = work / f"{name}-run{stats['runs']}-{attempt}.log"
             timed = kind == "time" or kind in STOP_SIGNALS
@@ -228,7 +233,7 @@ def run_variant(name: str, kills: int, kills_per_run: int, work: Path, cache: Pa
                 rc = _stop(proc, kind, log) if kind in STOP_SIGNALS else None
             if rc == 0:
                 break  # finished: unarmed, or before the kill landed
-            if kind in STOP_SIGNALS and rc == STOP_SIGNALS[kind][1]:
+            if kind in STOP_SIGNALS and rc in (STOP_SIGNALS[kind][1], -STOP_SIGNALS[kind][0]):
                 _kill_group(proc)  # a DDP rank or worker still exiting
                 landed += 1
                 stats["kills"] += 1
