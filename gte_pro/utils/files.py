@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gte_pro.errors import UserError
+from gte_pro.utils.shared_cache import record_checksums
 
 
 class WriteError(UserError, OSError):
@@ -99,8 +100,9 @@ def published_folder(folder: Path, marker: str = "meta.json") -> Iterator[Path]:
     """The one atomic publish of a store (token cache, corpus stores): the block fills an empty temporary sibling
     of ``folder`` (yielded); when it ends without an error the build is flushed and renamed to ``folder``. A store is
     never replaced: if another process (a DDP rank on another node) published first (``folder/marker`` exists),
-    theirs is kept. Whatever happens, no temporary folder is left; a failed write is a ``WriteError`` naming
-    ``folder``."""
+    theirs is kept. Every file's size and checksum go into ``checksums.json`` (``gte_pro.utils.shared_cache``,
+    which checks them before a store is read). Whatever happens, no temporary folder is left; a failed write is a
+    ``WriteError`` naming ``folder``."""
     tmp = temporary_folder(folder)
     try:
         yield tmp
@@ -124,6 +126,7 @@ def publish(tmp: Path, folder: Path, marker: str = "meta.json") -> None:
     """Flush a finished build to disk and rename it into place; if another process won (``folder/marker`` exists),
     keep theirs. A full disk that only shows at the flush fails here, before the build is published."""
     try:
+        record_checksums(tmp)
         fsync_tree(tmp)
         tmp.rename(folder)
     except OSError as error:
