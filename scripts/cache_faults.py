@@ -187,7 +187,8 @@ def judge_damage(case: str, damages: list[tuple[str, Callable[[], Path]]], folde
                 problems.append(f"{what}: opening it raised {type(error).__name__}: {str(error)[:200]}")
                 continue
         rebuilt = (len(builds.read_text().splitlines()) if builds.is_file() else 0) - before
-        warnings = [line for line in lines if line.startswith("WARNING") and "damaged" in line and str(folder) in line]
+        warnings = [line for line in lines if line.startswith("WARNING") and "rebuilding it" in line
+                    and str(folder) in line]
         if len(warnings) != 1 or rebuilt != 1:
             problems.append(f"{what}: read as data ({len(warnings)} damage lines, {rebuilt} rebuilds)")
         elif _files(reopened) != reference:

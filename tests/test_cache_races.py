@@ -89,7 +89,7 @@ def test_published_folders_record_each_files_size_and_checksum(tmp_path: Path):
     assert shared_cache.damage(tmp_path / "store") is None
     (tmp_path / "store" / "data.bin").write_text("rowz")  # same size, other bytes
     assert shared_cache.damage(tmp_path / "store") == \
-        "data.bin has changed bytes (xxh3 differs from the one recorded at build time)"
+        "data.bin has changed bytes (damaged: its xxh3 differs from the one recorded at build time)"
 
 
 def test_a_sound_folder_is_hashed_once_per_process(tmp_path: Path, monkeypatch):
@@ -136,6 +136,7 @@ def test_a_sealed_file_names_its_damage(tmp_path: Path):
     path.write_bytes(shared_cache.seal(b'{"a": 1}'))
     assert shared_cache.unseal(path) == (b'{"a": 1}', None)
     path.write_bytes(path.read_bytes()[:-2])
-    assert shared_cache.unseal(path) == (None, "it holds 6 bytes of data, expected 8")
+    assert shared_cache.unseal(path) == (None, "it holds 6 bytes of data, expected 8 (damaged)")
     path.write_bytes(b'{"a": 1}')  # an unsealed (older) file
-    assert shared_cache.unseal(path) == (None, "its checksum header is unreadable")
+    assert shared_cache.unseal(path) == (None, "its checksum header is unreadable (damaged, or written before files "
+                                               "were sealed)")

@@ -64,21 +64,21 @@ def damage(folder: Path) -> str | None:
     try:
         record = json.loads((folder / CHECKSUMS).read_text())
         files = record["files"]
-    except FileNotFoundError:
-        return f"{CHECKSUMS} is missing"
+    except FileNotFoundError:  # the caches' keys changed with checksums: only the tiny tokenizer's can be older
+        return f"{CHECKSUMS} is missing (built before checksums were recorded, or damaged)"
     except (OSError, ValueError, KeyError, TypeError) as error:
-        return f"{CHECKSUMS} is unreadable ({type(error).__name__})"
+        return f"{CHECKSUMS} is unreadable ({type(error).__name__}; damaged)"
     for name, expected in files.items():
         path = folder / name
         try:
             size = path.stat().st_size
         except FileNotFoundError:
-            return f"{name} is missing"
+            return f"{name} is missing (damaged)"
         if size != expected["size"]:
-            return f"{name} is {size} bytes, expected {expected['size']}"
+            return f"{name} is {size} bytes, expected {expected['size']} (damaged)"
     for name, expected in files.items():  # sizes first: a truncated file is named without reading anything
         if file_checksum(folder / name) != expected["xxh3"]:
-            return f"{name} has changed bytes (xxh3 differs from the one recorded at build time)"
+            return f"{name} has changed bytes (damaged: its xxh3 differs from the one recorded at build time)"
     return None
 
 
@@ -131,7 +131,7 @@ def shared_folder(folder: Path, build: Callable[[Path], object], what: str, mark
         # is only removed under the lock, never one that another process has just published
         if (problem := problem_of(folder, marker)) is not None:
             if problem != MISSING:
-                log.warning("%s %s: %s (damaged); rebuilding", what, folder, problem)
+                log.warning("%s %s: %s; rebuilding it", what, folder, problem)
                 discard(folder)
             build(folder)
             _verified[folder] = _identity(folder)
@@ -201,11 +201,11 @@ def unseal(path: Path) -> tuple[bytes | None, str | None]:
         header = json.loads(head)
         size, checksum = int(header["size"]), str(header["xxh3"])
     except (ValueError, KeyError, TypeError):
-        return None, "its checksum header is unreadable"
+        return None, "its checksum header is unreadable (damaged, or written before files were sealed)"
     if len(payload) != size:
-        return None, f"it holds {len(payload)} bytes of data, expected {size}"
+        return None, f"it holds {len(payload)} bytes of data, expected {size} (damaged)"
     if xxhash.xxh3_64_hexdigest(payload) != checksum:
-        return None, "it has changed bytes (xxh3 differs from the one recorded at build time)"
+        return None, "it has changed bytes (damaged: its xxh3 differs from the one recorded at build time)"
     return payload, None
 
 
@@ -219,7 +219,7 @@ def shared_file(path: Path, build: Callable[[Path], object], what: str) -> bytes
         payload, problem = unseal(path)
         if payload is None:
             if problem != MISSING:
-                log.warning("%s %s: %s (damaged); rebuilding", what, path, problem)
+                log.warning("%s %s: %s; rebuilding it", what, path, problem)
                 path.unlink(missing_ok=True)
             build(path)
             payload, problem = unseal(path)
