@@ -50,7 +50,6 @@ def test_two_processes_build_one_tiny_tokenizer_between_them():
     assert "1 build, 1 waited" in _passes(cache_faults.case_tokenizer_race(0))
 
 
-@pytest.mark.slow  # two stdlib parses (~6 s each, more on shared cores)
 def test_two_processes_build_one_demo_corpus_between_them():
     assert "1 build, 1 waited" in _passes(cache_faults.case_demo_race(0))
 
@@ -68,7 +67,6 @@ def test_a_damaged_corpus_store_is_named_and_rebuilt():
         assert phrase in detail
 
 
-@pytest.mark.slow  # three stdlib parses
 def test_a_damaged_demo_corpus_is_named_and_rebuilt():
     detail = _passes(cache_faults.case_demo_damage(5))
     assert "expected" in detail and "changed bytes" in detail
@@ -140,3 +138,32 @@ def test_a_sealed_file_names_its_damage(tmp_path: Path):
     path.write_bytes(b'{"a": 1}')  # an unsealed (older) file
     assert shared_cache.unseal(path) == (None, "its checksum header is unreadable (damaged, or written before files "
                                                "were sealed)")
+
+
+def test_a_builder_killed_while_holding_the_lock_blocks_nobody(tmp_path: Path, caplog):
+    import multiprocessing
+    import os
+    import signal
+    import time
+
+    folder = tmp_path / "store"
+
+    def stuck(target: Path) -> None:
+        with published_folder(target) as tmp:
+            (tmp / "data.bin").write_text("half")
+            time.sleep(60)
+
+    child = multiprocessing.get_context("fork").Process(
+        target=lambda: shared_cache.shared_folder(folder, stuck, "test store"))
+    child.start()
+    deadline = time.monotonic() + 30
+    while not list(tmp_path.glob("store.tmp*/data.bin")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(child.pid, signal.SIGKILL)  # holding the lock, its build half-written
+    child.join()
+    with caplog.at_level(logging.INFO, logger="gte_pro.utils.shared_cache"):
+        shared_cache.shared_folder(folder, _publish, "test store")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["store"]  # no lock, no half build left
+    assert (folder / "data.bin").read_text() == "rows"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"test store {folder}: removed what a killed build left: store.tmp{child.pid}"]

@@ -16,14 +16,13 @@ import contextlib
 import errno
 import json
 import os
-import re
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from gte_pro.errors import UserError
-from gte_pro.utils.shared_cache import record_checksums
+from gte_pro.utils.shared_cache import TEMPORARY, process_alive, record_checksums
 
 
 class WriteError(UserError, OSError):
@@ -236,26 +235,13 @@ def write_json_atomic(target: str | Path, blob: Any) -> Path:
     return write_text_atomic(target, json.dumps(blob, indent=2) + "\n")
 
 
-_TEMPORARY = re.compile(r"\.tmp(\d+)")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's live process
-    return True
-
-
 def remove_stale_temporaries(folder: Path) -> list[Path]:
     """Remove the temporary siblings (``<name>.tmp<pid>...``) in ``folder`` left by processes that no longer run:
     a kill -9 during a write leaves one behind, with nobody to clean up but the next run. Returns what went."""
     if not folder.is_dir():
         return []
     stale = [path for path in folder.iterdir()
-             if (found := _TEMPORARY.search(path.name)) and not _alive(int(found.group(1)))]
+             if (found := TEMPORARY.search(path.name)) and not process_alive(int(found.group(1)))]
     for path in stale:
         _discard(path)
     return stale

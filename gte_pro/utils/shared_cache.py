@@ -20,9 +20,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import glob
 import json
 import logging
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,6 +37,8 @@ CHECKSUMS = "checksums.json"
 BLOCK = 8 << 20  # bytes read at a time while hashing: a large file is never held whole
 # errors that say the file system cannot lock, not that someone holds the lock
 NO_LOCK_SUPPORT = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
+# the temporary siblings of atomic writes (files.temporary_sibling): <name>.tmp<pid><suffix>
+TEMPORARY = re.compile(r"\.tmp(\d+)")
 # folders this process has checked, with the identity of their checksums file (a rebuilt folder is checked again)
 _verified: dict[Path, tuple[tuple[str, int, int, int], ...] | None] = {}
 
@@ -126,21 +130,51 @@ def shared_folder(folder: Path, build: Callable[[Path], object], what: str, mark
     cache in log lines ("token cache")."""
     if problem_of(folder, marker) is None:
         return folder
-    with build_lock(folder, what):
+    with build_lock(folder, what) as locked:
         # checked again under the lock: the process we waited for may have built or repaired it; a damaged folder
         # is only removed under the lock, never one that another process has just published
         if (problem := problem_of(folder, marker)) is not None:
             if problem != MISSING:
                 log.warning("%s %s: %s; rebuilding it", what, folder, problem)
                 discard(folder)
+            if locked:
+                remove_leftovers(folder, what)
             build(folder)
             _verified[folder] = _identity(folder)
     return folder
 
 
+def remove_leftovers(target: Path, what: str) -> None:
+    """Delete ``<target>.tmp<pid>*``: the temporary folders or files of builds that were killed. Called with the lock
+    held, when no build of ``target`` can be going on; a leftover whose process runs on this host is kept all the same
+    (the rule of ``files.remove_stale_temporaries``), for mounts whose locks do not reach every process."""
+    siblings = target.parent.glob(glob.escape(target.name) + ".tmp*")
+    leftovers = sorted(path for path in siblings if (pid := TEMPORARY.match(path.name[len(target.name):]))
+                       and not process_alive(int(pid.group(1))))
+    for path in leftovers:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    if leftovers:
+        log.info("%s %s: removed what a killed build left: %s", what, target, ", ".join(p.name for p in leftovers))
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
+
+
 @contextlib.contextmanager
-def build_lock(folder: Path, what: str) -> Iterator[None]:
-    """Hold the exclusive lock ``<folder>.lock`` for the block; waiting for another process is logged once."""
+def build_lock(folder: Path, what: str) -> Iterator[bool]:
+    """Hold the exclusive lock ``<folder>.lock`` for the block (yields True; False where the file system cannot
+    lock); waiting for another process is logged once."""
     lock = folder.with_name(folder.name + ".lock")
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
@@ -152,10 +186,10 @@ def build_lock(folder: Path, what: str) -> Iterator[None]:
                  os.strerror(error.errno))
         with contextlib.suppress(OSError):  # nobody can hold a lock there: the file is only in the way
             os.unlink(lock)
-        yield
+        yield False
         return
     try:
-        yield
+        yield True
     finally:
         with contextlib.suppress(OSError):  # removed while held: a waiter on this inode sees it gone and retries
             os.unlink(lock)
@@ -215,12 +249,14 @@ def shared_file(path: Path, build: Callable[[Path], object], what: str) -> bytes
     payload, problem = unseal(path)
     if payload is not None:
         return payload
-    with build_lock(path, what):
+    with build_lock(path, what) as locked:
         payload, problem = unseal(path)
         if payload is None:
             if problem != MISSING:
                 log.warning("%s %s: %s; rebuilding it", what, path, problem)
                 path.unlink(missing_ok=True)
+            if locked:
+                remove_leftovers(path, what)
             build(path)
             payload, problem = unseal(path)
     if payload is None:
