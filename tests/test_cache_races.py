@@ -170,3 +170,22 @@ def test_a_builder_killed_while_holding_the_lock_blocks_nobody(tmp_path: Path, c
     assert (folder / "data.bin").read_text() == "rows"
     assert [r.getMessage() for r in caplog.records] == [
         f"test store {folder}: removed what a killed build left: store.tmp{child.pid}"]
+
+
+def test_a_damaged_mining_store_is_named_and_rebuilt(tmp_path: Path, tokenizer, caplog):
+    from gte_pro.mining.corpus import open_text_store
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"document number {j} of the mining corpus"}) + "\n"
+                              for j in range(30)))
+    folder = open_text_store([corpus], tokenizer, 16, "", tmp_path / "cache").folder
+    fresh = {p.name: p.read_bytes() for p in folder.iterdir()}
+    texts = bytearray((folder / "texts.bin").read_bytes())
+    texts[len(texts) // 2] ^= 0x20  # one letter's case: still UTF-8, a different negative's text
+    (folder / "texts.bin").write_bytes(bytes(texts))
+    with caplog.at_level(logging.INFO, logger="gte_pro"):
+        again = open_text_store([corpus], tokenizer, 16, "", tmp_path / "cache").folder
+    assert again == folder and {p.name: p.read_bytes() for p in folder.iterdir()} == fresh
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"mining corpus store {folder}: texts.bin has changed bytes (damaged: its xxh3 differs from the one recorded "
+        f"at build time); rebuilding it"]
