@@ -269,7 +269,8 @@ def case_token_cache_damage(seed: int) -> dict[str, Any]:
 
             damages = [("truncated train.arrow", partial(reopen, _truncate, "train.arrow")),
                        ("one byte of train.arrow flipped", partial(reopen, _flip, "train.arrow")),
-                       ("one byte of meta.json flipped", partial(reopen, _flip, "meta.json"))]
+                       ("one byte of meta.json flipped", partial(reopen, _flip, "meta.json")),
+                       ("meta.json removed", partial(reopen, _remove, "meta.json"))]
             return judge_damage("token_cache_damage", damages, folder, reference, builds)
         finally:
             base.write_tokenized = real

@@ -60,7 +60,7 @@ def test_two_processes_build_one_demo_corpus_between_them():
 def test_a_damaged_token_cache_is_named_and_rebuilt():
     detail = _passes(cache_faults.case_token_cache_damage(3))
     assert "train.arrow is " in detail and "train.arrow has changed bytes" in detail  # truncated, then flipped
-    assert "meta.json has changed bytes" in detail
+    assert "meta.json has changed bytes" in detail and "meta.json is missing (damaged)" in detail
 
 
 def test_a_damaged_corpus_store_is_named_and_rebuilt():

@@ -39,12 +39,12 @@ BLOCK = 8 << 20  # bytes read at a time while hashing: a large file is never hel
 NO_LOCK_SUPPORT = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
 # the temporary siblings of atomic writes (files.temporary_sibling): <name>.tmp<pid><suffix>
 TEMPORARY = re.compile(r"\.tmp(\d+)")
-# folders this process has checked, with the identity of their checksums file (a rebuilt folder is checked again)
+# folders this process has checked, with their files' names, sizes, inodes and times (a changed one is checked again)
 _verified: dict[Path, tuple[tuple[str, int, int, int], ...] | None] = {}
 
 
 def file_checksum(path: Path) -> str:
-    """xxh3-64 of a file's bytes, read a block at a time (about 10 GB/s from the page cache)."""
+    """xxh3-64 of a file's bytes, read a block at a time (~3 GB/s from the page cache on 2 EPYC cores)."""
     digest = xxhash.xxh3_64()
     buffer = bytearray(BLOCK)
     view = memoryview(buffer)
@@ -103,7 +103,8 @@ def problem_of(folder: Path, marker: str) -> str | None:
     """None when ``folder`` is published and undamaged (checked once per process while it stays the same), else
     what is wrong (``MISSING`` when it is not there)."""
     if not (folder / marker).is_file():
-        return MISSING
+        # a folder without its marker was not published whole: renaming a build onto it would fail
+        return f"{marker} is missing (damaged)" if os.path.lexists(folder) else MISSING
     identity = _identity(folder)
     if identity is not None and _verified.get(folder) == identity:
         return None
