@@ -189,3 +189,12 @@ def test_a_damaged_mining_store_is_named_and_rebuilt(tmp_path: Path, tokenizer, 
     assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
         f"mining corpus store {folder}: texts.bin has changed bytes (damaged: its xxh3 differs from the one recorded "
         f"at build time); rebuilding it"]
+
+
+def test_a_file_where_the_cache_folder_should_be_is_replaced(tmp_path: Path, caplog):
+    (tmp_path / "store").write_text("not a cache")
+    with caplog.at_level(logging.WARNING, logger="gte_pro.utils.shared_cache"):
+        shared_cache.shared_folder(tmp_path / "store", _publish, "test store")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["store"] and (tmp_path / "store" / "meta.json").is_file()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"test store {tmp_path / 'store'}: meta.json is missing (damaged); rebuilding it"]

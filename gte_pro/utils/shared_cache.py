@@ -118,10 +118,12 @@ def discard(folder: Path) -> None:
     """Move a damaged folder out of the way (one rename: a reader that has its files open keeps them), then
     delete it."""
     aside = folder.with_name(f"{folder.name}.tmp{os.getpid()}.damaged")
-    shutil.rmtree(aside, ignore_errors=True)
     with contextlib.suppress(FileNotFoundError):
         os.replace(folder, aside)
-    shutil.rmtree(aside, ignore_errors=True)
+    if aside.is_dir() and not aside.is_symlink():
+        shutil.rmtree(aside, ignore_errors=True)
+    else:  # a file where the folder should be
+        aside.unlink(missing_ok=True)
     _verified.pop(folder, None)
 
 
