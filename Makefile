@@ -91,6 +91,10 @@ config-tables: install
 # bench-eval-memory: peak RSS of mode=eval (or mode=mine with --mode mine) on synthetic 100k / 1M-document corpora, 1
 #   and 2 ranks (corpus store on disk)
 #   make bench-eval-memory ARGS="--mode mine --docs 100000,1000000 --baseline /tmp/old_tree"
+# bench-cache-verify: what checking a shared cache before it is read costs: a 200,000-row token cache and a
+#   100,000-document corpus store, size only vs sampled blocks vs full xxh3, page cache warm and cold (~3 min on 2 CPU
+#   cores; docs/reliability.md#shared-caches)
+#   make bench-cache-verify ARGS="--rows 20000 --documents 10000 --rounds 3"
 bench: bench-train
 
 bench-%: install

@@ -29,6 +29,7 @@ from gte_pro.errors import DataError
 from gte_pro.retrieval import RetrievalSet
 from gte_pro.utils.cache import cache_root
 from gte_pro.utils.files import published_folder, write_error
+from gte_pro.utils.shared_cache import shared_folder
 
 log = logging.getLogger(__name__)
 
@@ -164,9 +165,11 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
                 atexit.register(shutil.rmtree, private, True)
                 self._private_cache = private / "cache"
             folder = self._private_cache
-        if not (folder / "meta.json").is_file():
-            self._build_cache(folder)
-        return folder
+            if not (folder / "meta.json").is_file():
+                self._build_cache(folder)
+            return folder
+        # shared with other runs and ranks: built once between them, checked (sizes, xxh3) before it is read
+        return shared_folder(folder, self._build_cache, "token cache")
 
     def prepare_data(self) -> None:
         self._ensure_cache()  # Lightning calls this on local rank 0 only, before the other ranks' setup

@@ -11,7 +11,8 @@ negatives, the texts for inspection, and ``length`` = query + first positive tok
 cleaning reports, the held-out validation rows and distractor documents). Both are written to a temporary folder
 that is renamed into place, so an interrupted build never leaves half a cache; a build that fails to write (a full
 disk, a file where the folder should be) raises ``WriteError`` naming the path and the cause, and the caller
-removes the temporary folder.
+removes the temporary folder. ``checksums.json`` holds each file's size and xxh3: processes that need the same
+cache at once build it once (a lock per key), and a damaged cache is rebuilt (``gte_pro.utils.shared_cache``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from gte_pro.utils.files import writes_to
 from gte_pro.utils.progress import Progress
 
 # 2: texts are cut at 100,000 characters when cleaned (gte_pro.data.records): older caches are rebuilt
-FORMAT_VERSION = 2
+# 3: checksums.json (gte_pro.utils.shared_cache): a cache is checked before it is read
+FORMAT_VERSION = 3
 TOKEN_COLUMNS = ["query", "positives", "negatives"]
 _IDS = pa.list_(pa.int32())
 SCHEMA = pa.schema([

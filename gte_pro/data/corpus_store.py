@@ -12,8 +12,10 @@ document as evaluation does (doc prefix, truncation at ``max_length``) and write
 
 The key hashes everything the token ids depend on (the file's path, size and time, the tokenizer, ``max_length``,
 the prefix), so a changed corpus or model builds a new store. It is built in a temporary folder and renamed into
-place. A rank reads the token ids of the documents it embeds with positioned reads (``os.pread``), not a memory
-map, so its resident memory holds the index (24 bytes a document) and its share of the embeddings, not the corpus.
+place, under a lock that makes processes needing it at once build it once; each file's size and xxh3 are checked
+before it is read, and a damaged store is rebuilt (``gte_pro.utils.shared_cache``). A rank reads the token ids of
+the documents it embeds with positioned reads (``os.pread``), not a memory map, so its resident memory holds the
+index (24 bytes a document) and its share of the embeddings, not the corpus.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from gte_pro.data.cache import cache_key, file_signature, tokenizer_fingerprint
 from gte_pro.errors import CHECK_PATH, DataError
 from gte_pro.utils.files import CheckedSink, published_folder, writes_to
 from gte_pro.utils.progress import Progress
+from gte_pro.utils.shared_cache import shared_folder
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +122,7 @@ class StoredCorpus(Sequence):
 def store_folder(corpus_file: Path, tokenizer: PreTrainedTokenizerBase, max_length: int, doc_prefix: str,
                  cache_dir: str | Path) -> Path:
     key = cache_key({"corpus": file_signature(corpus_file), "tokenizer": tokenizer_fingerprint(tokenizer),
-                     "max_length": max_length, "doc_prefix": doc_prefix, "store": 1})
+                     "max_length": max_length, "doc_prefix": doc_prefix, "store": 2})  # 2: checksums.json
     return Path(cache_dir).expanduser() / "corpora" / key
 
 
@@ -132,8 +135,9 @@ def open_corpus_store(corpus_file: Path, documents: Documents, tokenizer: PreTra
     """The store of ``corpus_file`` (read by ``documents``) for this tokenizer and settings, built if there is
     none."""
     folder = store_folder(corpus_file, tokenizer, max_length, doc_prefix, cache_dir)
-    if not (folder / "meta.json").is_file():
-        build_corpus_store(corpus_file, documents, folder, tokenizer, max_length, doc_prefix)
+    # built once between processes that need it at once, checked (sizes, xxh3) before it is read
+    shared_folder(folder, lambda target: build_corpus_store(corpus_file, documents, target, tokenizer, max_length,
+                                                            doc_prefix), "corpus store")
     return CorpusStore(folder)
 
 

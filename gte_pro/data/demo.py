@@ -23,7 +23,8 @@ from gte_pro.data.base import ContrastiveDataModule
 from gte_pro.data.docstrings import docstring_pair, parsed_sources
 from gte_pro.data.records import CleaningReport, Example, clean_examples, clean_text
 from gte_pro.data.split import is_held_out, split_bucket
-from gte_pro.utils.files import write_text_atomic
+from gte_pro.utils.files import write_atomic
+from gte_pro.utils.shared_cache import seal, shared_file
 
 log = logging.getLogger(__name__)
 
@@ -83,14 +84,18 @@ def build_demo_splits(val_fraction: float = 0.1, min_query_chars: int = 10, min_
 
 
 def load_demo_splits(cache_dir: str | Path, **options) -> DemoSplits:
-    """The demo splits from ``cache_dir``, building and caching them (atomically) on first use."""
-    key = hashlib.sha1(json.dumps(options, sort_keys=True).encode()).hexdigest()[:8]
+    """The demo splits from ``cache_dir``, building and caching them (atomically) on first use. The file is sealed
+    with its size and checksum (``shared_cache.seal``): processes that need it at once build it once, and a damaged
+    file is rebuilt, never read."""
+    # format 2: the sealed file (a checksum header line); the plain JSON of format 1 has another name
+    key = hashlib.sha1(json.dumps({**options, "format": 2}, sort_keys=True).encode()).hexdigest()[:8]
     path = Path(cache_dir).expanduser() / f"demo_stdlib_py{sys.version_info.major}{sys.version_info.minor}_{key}.json"
-    if path.is_file():
-        blob = json.loads(path.read_text())
-        as_examples = lambda rows: [Example(q, [p]) for q, p in rows]  # noqa: E731
-        return DemoSplits(as_examples(blob["train"]), as_examples(blob["val"]), blob["distractors"],
-                          blob["reports"])
+    blob = json.loads(shared_file(path, lambda target: _build_demo_file(target, options), "demo corpus"))
+    as_examples = lambda rows: [Example(q, [p]) for q, p in rows]  # noqa: E731
+    return DemoSplits(as_examples(blob["train"]), as_examples(blob["val"]), blob["distractors"], blob["reports"])
+
+
+def _build_demo_file(path: Path, options: dict[str, Any]) -> None:
     splits = build_demo_splits(**options)
     blob = {
         "train": [[ex.query, ex.positives[0]] for ex in splits.train],
@@ -98,9 +103,8 @@ def load_demo_splits(cache_dir: str | Path, **options) -> DemoSplits:
         "distractors": splits.distractors,
         "reports": splits.reports,
     }
-    write_text_atomic(path, json.dumps(blob))
+    write_atomic(path, lambda tmp: tmp.write_bytes(seal(json.dumps(blob).encode())))
     log.info("demo data cached at %s", path)
-    return splits
 
 
 class DemoDataModule(ContrastiveDataModule):

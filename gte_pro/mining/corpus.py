@@ -35,6 +35,7 @@ from gte_pro.data.records import MAX_TEXT_CHARS, clean_text, iter_jsonl, type_na
 from gte_pro.errors import CHECK_PATH, DataError
 from gte_pro.utils.files import CheckedSink, published_folder, writes_to
 from gte_pro.utils.progress import Progress
+from gte_pro.utils.shared_cache import shared_folder
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ class TextStore(CorpusStore):
 def store_folder(files: Sequence[str | Path], tokenizer: PreTrainedTokenizerBase, max_length: int, doc_prefix: str,
                  cache_dir: str | Path) -> Path:
     key = cache_key({"mining_corpus": file_signature(*files), "tokenizer": tokenizer_fingerprint(tokenizer),
-                     "max_length": max_length, "doc_prefix": doc_prefix, "store": 1})
+                     "max_length": max_length, "doc_prefix": doc_prefix, "store": 2})  # 2: checksums.json
     return Path(cache_dir).expanduser() / "mining_corpora" / key
 
 
@@ -110,9 +111,9 @@ def ensure_text_store(files: Sequence[str | Path], tokenizer: PreTrainedTokenize
         if not Path(path).is_file():
             raise DataError(f"mine.corpus_files: {path}: file not found", hint=CHECK_PATH)
     folder = store_folder(files, tokenizer, max_length, doc_prefix, cache_dir)
-    if not (folder / "meta.json").is_file():
-        build_text_store(files, folder, tokenizer, max_length, doc_prefix)
-    return folder
+    # built once between processes that need it at once, checked (sizes, xxh3) before it is read
+    return shared_folder(folder, lambda target: build_text_store(files, target, tokenizer, max_length, doc_prefix),
+                         "mining corpus store")
 
 
 def open_text_store(files: Sequence[str | Path], tokenizer: PreTrainedTokenizerBase, max_length: int,

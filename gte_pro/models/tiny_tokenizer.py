@@ -4,7 +4,8 @@
 transformers loads a decoder checkpoint's tokenizer by its architecture (a ``qwen2`` folder gets a
 ``Qwen2Tokenizer``, whatever ``tokenizer_config.json`` says), so a tiny Qwen2 cannot borrow MiniLM's WordPiece and
 still round-trip through its exports. Byte-level BPE encodes any text (its alphabet is the 256 bytes), so a few
-hundred merges learnt from a paragraph are enough; the tokenizer is written once into the cache and reused.
+hundred merges learnt from a paragraph are enough; the tokenizer is written once into the cache and reused
+(``shared_folder``: processes that need it at once build it once; a damaged one is rebuilt).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from gte_pro.utils.cache import cache_root
 from gte_pro.utils.files import published_folder
+from gte_pro.utils.shared_cache import shared_folder
 
 EOS = "<|endoftext|>"
 VOCAB_SIZE = 1024
@@ -28,10 +30,12 @@ _TEXT = (
 def tiny_bpe_tokenizer(cache_dir: str | Path | None = None) -> str:
     """The folder of the tiny tokenizer (``EOS`` is its end-of-sequence and padding token), built if missing."""
     folder = cache_root(cache_dir) / "models" / f"tiny-bpe-{VOCAB_SIZE}"
-    if not (folder / "tokenizer.json").is_file():
-        with published_folder(folder, marker="tokenizer.json") as tmp:
-            _build(tmp)
-    return str(folder)
+    return str(shared_folder(folder, _publish, "tiny tokenizer", marker="tokenizer.json"))
+
+
+def _publish(folder: Path) -> None:
+    with published_folder(folder, marker="tokenizer.json") as tmp:
+        _build(tmp)
 
 
 def _build(folder: Path) -> None:

@@ -16,13 +16,13 @@ import contextlib
 import errno
 import json
 import os
-import re
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from gte_pro.errors import UserError
+from gte_pro.utils.shared_cache import TEMPORARY, process_alive, record_checksums
 
 
 class WriteError(UserError, OSError):
@@ -99,8 +99,9 @@ def published_folder(folder: Path, marker: str = "meta.json") -> Iterator[Path]:
     """The one atomic publish of a store (token cache, corpus stores): the block fills an empty temporary sibling
     of ``folder`` (yielded); when it ends without an error the build is flushed and renamed to ``folder``. A store is
     never replaced: if another process (a DDP rank on another node) published first (``folder/marker`` exists),
-    theirs is kept. Whatever happens, no temporary folder is left; a failed write is a ``WriteError`` naming
-    ``folder``."""
+    theirs is kept. Every file's size and checksum go into ``checksums.json`` (``gte_pro.utils.shared_cache``,
+    which checks them before a store is read). Whatever happens, no temporary folder is left; a failed write is a
+    ``WriteError`` naming ``folder``."""
     tmp = temporary_folder(folder)
     try:
         yield tmp
@@ -124,6 +125,7 @@ def publish(tmp: Path, folder: Path, marker: str = "meta.json") -> None:
     """Flush a finished build to disk and rename it into place; if another process won (``folder/marker`` exists),
     keep theirs. A full disk that only shows at the flush fails here, before the build is published."""
     try:
+        record_checksums(tmp)
         fsync_tree(tmp)
         tmp.rename(folder)
     except OSError as error:
@@ -233,26 +235,13 @@ def write_json_atomic(target: str | Path, blob: Any) -> Path:
     return write_text_atomic(target, json.dumps(blob, indent=2) + "\n")
 
 
-_TEMPORARY = re.compile(r"\.tmp(\d+)")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's live process
-    return True
-
-
 def remove_stale_temporaries(folder: Path) -> list[Path]:
     """Remove the temporary siblings (``<name>.tmp<pid>...``) in ``folder`` left by processes that no longer run:
     a kill -9 during a write leaves one behind, with nobody to clean up but the next run. Returns what went."""
     if not folder.is_dir():
         return []
     stale = [path for path in folder.iterdir()
-             if (found := _TEMPORARY.search(path.name)) and not _alive(int(found.group(1)))]
+             if (found := TEMPORARY.search(path.name)) and not process_alive(int(found.group(1)))]
     for path in stale:
         _discard(path)
     return stale
