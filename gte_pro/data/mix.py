@@ -191,6 +191,8 @@ class MixDataModule(ContrastiveDataModule):
         # the collaborators (eval sets, a reranker's pair joining, ...) are the mix's, not its sources'
         shared = {key: value for key, value in kwargs.items() if key not in COLLABORATORS}
         self.sources = build_sources(sources, shared, same_source_batches)
+        for source in self.sources.values():  # data.decontaminate: each source against its split and eval.beir
+            source.decontaminate_sets = self.decontaminate_sets
         self.weights = check_weights(weights, list(self.sources))
         # the module logs the mean of these sets' metrics as val/<metric> (the first set is not the held-out one)
         self.averaged_sets = list(self.sources)
