@@ -118,7 +118,8 @@ def test_planted_duplicates_of_the_val_file_and_beir_are_all_found_and_dropped(t
     dropped = module(tokenizer, train, tmp_path, val_file=str(val), eval_sets=named_sets(beir), decontaminate="drop")
     assert dropped.decontamination["dropped_rows"] == 5 and len(dropped.train_rows) == 80
     assert not {ex.query for ex in dropped.train_rows} & set(planted)
-    assert dropped.token_cache.folder.name.startswith(report_run.token_cache.folder.name + "-decon-")
+    assert dropped.token_cache.folder.name.startswith(report_run.token_cache.folder.name + "-")
+    assert dropped.token_cache.folder.parent == tmp_path / "cache" / "decontaminated"
     assert (dropped.token_cache.folder / REPORT).is_file()
     off = module(tokenizer, train, tmp_path, val_file=str(val), decontaminate="off")
     assert off.decontamination is None and off.token_cache.folder == report_run.token_cache.folder

@@ -174,7 +174,9 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
         if not (folder / "meta.json").is_file():
             self._build_cache(folder)
         # data.decontaminate: the report, and for drop the cache without the rows that overlap an evaluation set
-        folder, self.decontamination = decontaminated(folder, *self.decontamination_options, self.decontaminate_sets)
+        root = Path(self.cache_dir).expanduser() if self._private_cache is None else self._private_cache.parent
+        folder, self.decontamination = decontaminated(folder, root, *self.decontamination_options,
+                                                      self.decontaminate_sets)
         return folder
 
     def prepare_data(self) -> None:

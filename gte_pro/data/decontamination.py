@@ -4,7 +4,7 @@ removed, once per token cache (the matching is ``gte_pro.data.decontaminate``).
 The evaluation side is the run's validation rows (the held-out split or ``data.val_file``, as the token cache keeps
 them, ``data.max_val_queries`` at most) and each ``eval.beir`` set (its split's queries with a relevant document and
 those documents, read from the folder). The training rows are read back from the token cache, which keeps their
-texts. The result lives beside the cache in ``<cache>-decon-<key>/``, the key hashing the cache, the mode, the
+texts. The result lives in ``<cache_dir>/decontaminated/<cache>-<key>/``, the key hashing the cache, the mode, the
 threshold, the permutations and the BEIR files: ``decontamination.json`` (the report) and, for ``drop``, the cache
 without the overlapping rows (``train.arrow``, ``meta.json``), which the run then opens. A second run with the same
 data and sets reads the report instead of scanning again, and a resumed run opens the same filtered rows.
@@ -73,14 +73,15 @@ def write_kept(source_folder: Path, target: Path, dropped: set[int]) -> int:
     return kept
 
 
-def decontaminated(cache: Path, mode: str, threshold: float, num_perm: int,
+def decontaminated(cache: Path, root: Path, mode: str, threshold: float, num_perm: int,
                    named: EvalSetSource | None) -> tuple[Path, dict[str, Any] | None]:
-    """(the token cache the run opens, the report) for ``data.decontaminate=mode`` (``off``: ``cache``, None)."""
+    """(the token cache the run opens, the report) for ``data.decontaminate=mode`` (``off``: ``cache``, None); the
+    result is kept in ``root/decontaminated/``."""
     if mode == "off":
         return cache, None
     key = cache_key({"cache": cache.name, "mode": mode, "threshold": threshold, "num_perm": num_perm,
                      "shingles": SHINGLES, "sets": named.signature() if named is not None else []})
-    folder = cache.parent / f"{cache.name}-decon-{key}"
+    folder = root / "decontaminated" / f"{cache.name}-{key}"
     if not (folder / REPORT).is_file():
         with published_folder(folder, REPORT) as tmp:
             report = _scan(cache, tmp, mode, threshold, num_perm, named)
