@@ -165,3 +165,17 @@ def test_a_composed_run_reports_the_overlap(make_cfg, tokenizer, tmp_path: Path,
     assert any("beir: " in line or "beir (" in line for line in lines), lines
     assert lines[-1].startswith("decontamination: 5 of 85 training rows overlap an evaluation set")
     assert json.loads(json.dumps(data.decontamination)) == data.decontamination
+
+
+def test_a_training_run_drops_the_rows_and_records_the_report(make_cfg, tmp_path: Path):
+    from gte_pro.train import train
+
+    train_file, val, beir, planted = planted_files(tmp_path)
+    cfg = make_cfg(["debug=fast", "logger=none", "data=jsonl", f"data.train_file={train_file}",
+                    f"data.val_file={val}", f"eval.beir=[{{path: {beir}, name: tiny}}]", "data.decontaminate=drop",
+                    "data.max_train_rows=null", "trainer.limit_train_batches=2"], output_dir=tmp_path / "run")
+    train(cfg)
+    report = json.loads((tmp_path / "run" / REPORT).read_text())
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert report["dropped_rows"] == 5 and report["training_rows"] == 85 and metrics["decontamination"] == report
+    assert set(report["sets"]) == {"held-out", "tiny"} and metrics["global_step"] == 2

@@ -218,6 +218,8 @@ class MixDataModule(ContrastiveDataModule):
         self.reports = [{**report, "mix_source": name} for name, source in self.sources.items()
                         for report in source.reports]
         check_same_negatives(self.sources, self.same_source_batches)
+        reports = {name: source.decontamination for name, source in self.sources.items() if source.decontamination}
+        self.decontamination = {"sources": reports} if reports else None
         self.source_rows = {name: len(source.train_rows) for name, source in self.sources.items()}
         probabilities = source_probabilities(list(self.source_rows.values()), self.weights, self.alpha)
         self.probabilities = dict(zip(self.sources, map(float, probabilities), strict=True))
