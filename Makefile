@@ -91,6 +91,9 @@ config-tables: install
 # bench-eval-memory: peak RSS of mode=eval (or mode=mine with --mode mine) on synthetic 100k / 1M-document corpora, 1
 #   and 2 ranks (corpus store on disk)
 #   make bench-eval-memory ARGS="--mode mine --docs 100000,1000000 --baseline /tmp/old_tree"
+# bench-decontaminate: data.decontaminate off/report/drop on 200,000 synthetic training rows against a 200-row val
+#   file and a 1,000-query BEIR set: start-up and scan seconds, rows/s, peak RSS, share of the cold start-up
+#   make bench-decontaminate ARGS="--rows 20000 --queries 1000 --corpus 10000 --planted 300"
 bench: bench-train
 
 bench-%: install
