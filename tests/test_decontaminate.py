@@ -167,6 +167,7 @@ def test_a_composed_run_reports_the_overlap(make_cfg, tokenizer, tmp_path: Path,
     assert json.loads(json.dumps(data.decontamination)) == data.decontamination
 
 
+@pytest.mark.slow  # a whole training run: 16-23 s on 2 shared cores
 def test_a_training_run_drops_the_rows_and_records_the_report(make_cfg, tmp_path: Path):
     from gte_pro.train import train
 

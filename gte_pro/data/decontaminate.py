@@ -172,7 +172,7 @@ class EvalIndex:
         return signature
 
     def match(self, texts: Sequence[str]) -> list[list[Match]]:
-        """Per training text, the evaluation texts it repeats (exact first; near only in sets without an exact one)."""
+        """Per training text, the evaluation texts it repeats (exact ones; near ones only for a text without)."""
         found: list[list[Match]] = [[] for _ in texts]
         normalised = [normalise(text) for text in texts]
         screened = []
