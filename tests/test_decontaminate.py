@@ -180,3 +180,21 @@ def test_a_training_run_drops_the_rows_and_records_the_report(make_cfg, tmp_path
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert report["dropped_rows"] == 5 and report["training_rows"] == 85 and metrics["decontamination"] == report
     assert set(report["sets"]) == {"held-out", "tiny"} and metrics["global_step"] == 2
+
+
+def test_a_resume_may_switch_report_and_off_but_not_what_drop_trains_on(make_cfg, tmp_path: Path):
+    from gte_pro.launch.resume import check_resumed_config
+
+    run, beir = tmp_path / "run", write_beir_folder(tmp_path / "beir")
+    ckpt = str(run / "checkpoints" / "last.ckpt")
+    check_resumed_config(make_cfg(["debug=fast"], output_dir=run), run, None)
+    # report and off train the same rows (and a run recorded before the key existed resumes as it did)
+    assert check_resumed_config(make_cfg(["debug=fast", "data.decontaminate=off"], output_dir=run), run, ckpt) == {}
+    with pytest.raises(ValueError, match=r"data\.decontaminate: None -> 'drop'"):
+        check_resumed_config(make_cfg(["debug=fast", "data.decontaminate=drop"], output_dir=run), run, ckpt)
+    dropped = tmp_path / "dropped"
+    check_resumed_config(make_cfg(["debug=fast", "data.decontaminate=drop"], output_dir=dropped), dropped, None)
+    # with drop, eval.beir decides which rows train: another set is another training
+    with pytest.raises(ValueError, match=r"eval\.beir: \[\] -> \[."):
+        check_resumed_config(make_cfg(["debug=fast", "data.decontaminate=drop", f"eval.beir=[{beir}]"],
+                                      output_dir=dropped), dropped, ckpt)
