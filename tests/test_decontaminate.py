@@ -198,3 +198,26 @@ def test_a_resume_may_switch_report_and_off_but_not_what_drop_trains_on(make_cfg
     with pytest.raises(ValueError, match=r"eval\.beir: \[\] -> \[."):
         check_resumed_config(make_cfg(["debug=fast", "data.decontaminate=drop", f"eval.beir=[{beir}]"],
                                       output_dir=dropped), dropped, ckpt)
+
+
+def test_a_mix_drops_each_sources_rows_that_repeat_eval_beir(tokenizer, tmp_path: Path):
+    from gte_pro.data.mix import MixDataModule
+
+    train, _, beir, planted = planted_files(tmp_path)  # 2 rows repeat the BEIR set, 3 the val file (not a mix's)
+    other = write_jsonl(tmp_path / "other.jsonl", [{"query": f"another question {i} about {WORDS[i]}",
+                                                    "positive": f"another answer {i} " + WORDS[i] * 3}
+                                                   for i in range(40)])
+    sources = {"a": {"type": "jsonl", "train_file": str(train)}, "b": {"type": "jsonl", "train_file": str(other)}}
+    mix = MixDataModule(sources=sources, tokenizer=tokenizer, batch_size=4, val_fraction=0.1, seed=7,
+                        cache_dir=str(tmp_path / "cache"), eval_sets=named_sets(beir), decontaminate="drop")
+    mix.prepare_data()
+    mix.setup("fit")
+    reports = mix.decontamination["sources"]
+    # the rows repeating BEIR that the 10% split left in training (a held-out one is validation, not training)
+    trained = [is_held_out(query, 0.1) is False for query in list(planted)[:2]]
+    counts = reports["a"]["sets"]["tiny"]["overlap"]
+    assert [counts["query"], counts["positive"]] == [{"exact": int(trained[0]), "near": 0},
+                                                     {"exact": 0, "near": int(trained[1])}] and any(trained)
+    assert reports["b"]["overlapping_rows"] == 0 and mix.sources["b"].decontamination["dropped_rows"] == 0
+    kept = {ex.query for ex in mix.sources["a"].train_rows}
+    assert not kept & set(list(planted)[:2]) and reports["a"]["dropped_rows"] == reports["a"]["overlapping_rows"]
