@@ -95,6 +95,9 @@ config-tables: install
 #   100,000-document corpus store, size only vs sampled blocks vs full xxh3, page cache warm and cold (~3 min on 2 CPU
 #   cores; docs/reliability.md#shared-caches)
 #   make bench-cache-verify ARGS="--rows 20000 --documents 10000 --rounds 3"
+# bench-decontaminate: data.decontaminate off/report/drop on 200,000 synthetic training rows against a 200-row val
+#   file and a 1,000-query BEIR set: start-up and scan seconds, rows/s, peak RSS, share of the cold start-up
+#   make bench-decontaminate ARGS="--rows 20000 --queries 1000 --corpus 10000 --planted 300"
 bench: bench-train
 
 bench-%: install

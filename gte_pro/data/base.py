@@ -20,10 +20,11 @@ from transformers import PreTrainedTokenizerBase
 from gte_pro.data.cache import TokenizedCache, cache_key, tokenizer_fingerprint, write_tokenized
 from gte_pro.data.collaborators import CandidateSource, EvalSetSource, NegativePool, PairJoiner
 from gte_pro.data.datasets import ExampleView, TokenizedPairs
+from gte_pro.data.decontamination import decontaminated, log_report
 from gte_pro.data.records import CleaningReport, Example, iter_clean_examples
 from gte_pro.data.row_contents import cap_validation, distill_problem, negatives_per_row, rows_problem
 from gte_pro.data.sampling import EpochSampler, ResumableLoader
-from gte_pro.data.split import is_held_out
+from gte_pro.data.split import training_stream
 from gte_pro.data.validation import ValidationSets
 from gte_pro.errors import DataError
 from gte_pro.retrieval import RetrievalSet
@@ -70,6 +71,9 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
         candidates: CandidateSource | None = None,  # task=rerank: each validation set's candidates
         eval_sets: EvalSetSource | None = None,  # eval.beir: named sets validated after the held-out split
         distill_loss: str | None = None,  # loss=distill_kl/margin_mse trains on these rows: scores and negatives
+        decontaminate: str = "report",  # data.decontaminate: the overlap with the evaluation sets (decontamination)
+        decontaminate_threshold: float = 0.8,
+        decontaminate_num_perm: int = 128,
     ) -> None:
         super().__init__()
         self.tokenizer = tokenizer
@@ -106,6 +110,9 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
         self.negative_pool = negative_pool
         # loss=distill_kl/margin_mse: the rows need teacher scores and negatives (checked once the rows are read)
         self.distill_loss = distill_loss
+        self.decontamination_options = (decontaminate, decontaminate_threshold, decontaminate_num_perm)
+        self.decontaminate_sets = eval_sets  # eval.beir, compared with the rows as the held-out split is
+        self.decontamination: dict[str, Any] | None = None  # the report, once the cache is open
 
     # --- what subclasses provide -------------------------------------------------------------------------
     @abc.abstractmethod
@@ -167,27 +174,16 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
             folder = self._private_cache
             if not (folder / "meta.json").is_file():
                 self._build_cache(folder)
-            return folder
-        # shared with other runs and ranks: built once between them, checked (sizes, xxh3) before it is read
-        return shared_folder(folder, self._build_cache, "token cache")
+        else:  # shared with other runs and ranks: built once between them, checked (sizes, xxh3) before it is read
+            folder = shared_folder(folder, self._build_cache, "token cache")
+        # data.decontaminate: the report, and for drop the cache without the rows that overlap an evaluation set
+        root = Path(self.cache_dir).expanduser() if self._private_cache is None else self._private_cache.parent
+        folder, self.decontamination = decontaminated(folder, root, *self.decontamination_options,
+                                                      self.decontaminate_sets)
+        return folder
 
     def prepare_data(self) -> None:
         self._ensure_cache()  # Lightning calls this on local rank 0 only, before the other ranks' setup
-
-    def _training_stream(self, rows: Iterable[Example], held_out: list[Example] | None) -> Iterator[Example]:
-        """Training rows as they stream by; with ``held_out``, queries in the validation buckets go there instead
-        (a stable hash of the query, so the split never drifts between runs or machines)."""
-        taken = 0
-        for example in rows:
-            if held_out is not None and is_held_out(example.query, self.val_fraction):
-                held_out.append(example)
-                continue
-            if self.max_train_rows and taken >= self.max_train_rows:
-                if held_out is None:
-                    break
-                continue  # keep reading: later rows may still be validation rows
-            taken += 1
-            yield example
 
     def _build_cache(self, folder: Path) -> None:
         tokenizer = self._require_tokenizer()
@@ -195,7 +191,8 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
         with published_folder(folder) as tmp:
             train, val, distractors = self.load_rows()
             held_out: list[Example] = []
-            rows = self._training_stream(train, held_out if val is None else None)
+            rows = training_stream(train, held_out if val is None else None, self.val_fraction,
+                                   self.max_train_rows)
             log.info("data: tokenizing the training rows into %s", folder)
             count = write_tokenized(rows, tmp / "train.arrow", tokenizer, self.max_length, self.query_prefix,
                                     self.doc_prefix)
@@ -218,6 +215,8 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
         self.reports = cache.meta["reports"]
         for report in self.reports:
             log.info("%s", CleaningReport.from_dict(report).summary())
+        if self.decontamination is not None:
+            log_report(self.decontamination)
         val, distractors = cache.validation()
         self.token_cache = cache
         self.num_negatives = self._negatives_per_row(cache)

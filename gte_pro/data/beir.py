@@ -233,6 +233,16 @@ def beir_set(folder: Path, split: str, name: str | None, queries: Mapping[str, s
     return beir
 
 
+def relevant_texts(path: str | Path, split: str) -> tuple[list[str], list[str]]:
+    """(queries with a relevant document, the relevant documents) of a split: the corpus streamed, those kept."""
+    folder, queries = beir_folder(path), read_beir_queries(path)
+    qrels = read_beir_qrels(folder, split, queries, None)
+    relevant = {doc for judged in qrels.values() for doc, score in judged.items() if score > 0}
+    texts = [queries[qid] for qid, judged in qrels.items() if any(score > 0 for score in judged.values())]
+    docs = [text for _, doc_id, text in iter_beir_documents(folder / "corpus.jsonl", Counter()) if doc_id in relevant]
+    return texts, docs
+
+
 # --- training on a BEIR folder ------------------------------------------------------------------------------------
 def beir_examples(queries: Mapping[str, str], corpus: Mapping[str, str],
                   qrels: Mapping[str, Mapping[str, int]]) -> list[Example]:

@@ -56,3 +56,11 @@ class EvalSetSource(Protocol):
              max_length: int) -> Sequence[tuple[str, RetrievalSet]]:
         """The named sets, tokenized with ``tokenizer`` (documents prefixed with ``doc_prefix``)."""
         ...
+
+    def texts(self) -> list[tuple[str, list[str], list[str]]]:
+        """Per set: (name, its queries, the documents judged relevant), the texts ``data.decontaminate`` compares."""
+        ...
+
+    def signature(self) -> Any:
+        """A JSON-able value that changes whenever ``texts`` would (the sets' names, splits and files)."""
+        ...

@@ -191,6 +191,8 @@ class MixDataModule(ContrastiveDataModule):
         # the collaborators (eval sets, a reranker's pair joining, ...) are the mix's, not its sources'
         shared = {key: value for key, value in kwargs.items() if key not in COLLABORATORS}
         self.sources = build_sources(sources, shared, same_source_batches)
+        for source in self.sources.values():  # data.decontaminate: each source against its split and eval.beir
+            source.decontaminate_sets = self.decontaminate_sets
         self.weights = check_weights(weights, list(self.sources))
         # the module logs the mean of these sets' metrics as val/<metric> (the first set is not the held-out one)
         self.averaged_sets = list(self.sources)
@@ -216,6 +218,8 @@ class MixDataModule(ContrastiveDataModule):
         self.reports = [{**report, "mix_source": name} for name, source in self.sources.items()
                         for report in source.reports]
         check_same_negatives(self.sources, self.same_source_batches)
+        reports = {name: source.decontamination for name, source in self.sources.items() if source.decontamination}
+        self.decontamination = {"sources": reports} if reports else None
         self.source_rows = {name: len(source.train_rows) for name, source in self.sources.items()}
         probabilities = source_probabilities(list(self.source_rows.values()), self.weights, self.alpha)
         self.probabilities = dict(zip(self.sources, map(float, probabilities), strict=True))

@@ -13,13 +13,16 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
-from gte_pro.data.beir import BeirSet
+from gte_pro.data.beir import BeirSet, qrels_path, relevant_texts
+from gte_pro.data.cache import file_signature
 from gte_pro.data.collaborators import CandidateSource, PairJoiner
 from gte_pro.data.corpus_store import load_beir_stored
 from gte_pro.data.validation import ValidationSets
 from gte_pro.errors import ConfigError
 from gte_pro.retrieval import RetrievalSet
 from gte_pro.utils.cache import cache_root
+
+SET_FILES = ("queries.jsonl", "corpus.jsonl")
 
 
 def _entry_spec(entry: Any, where: str) -> tuple[str, Any, Any]:
@@ -85,9 +88,17 @@ class BeirEvalSets:
         self.cfg = cfg
         self.batch_size = cfg.eval.get("batch_size")
         self.max_length = cfg.eval.get("max_length")
+        self.specs = eval_set_specs(cfg.eval.beir, cfg.eval.get("split", "test"))
 
     def load(self, tokenizer: PreTrainedTokenizerBase, doc_prefix: str, max_length: int) -> list[tuple[str, BeirSet]]:
         return load_eval_sets(self.cfg, tokenizer, doc_prefix, max_length)
+
+    def texts(self) -> list[tuple[str, list[str], list[str]]]:
+        return [(name, *relevant_texts(path, split)) for path, split, name in self.specs]
+
+    def signature(self) -> list[Any]:
+        return [[name, split, file_signature(*(Path(path).expanduser() / file for file in SET_FILES),
+                                             qrels_path(path, split))] for path, split, name in self.specs]
 
 
 def eval_set_source(cfg: Any) -> BeirEvalSets | None:

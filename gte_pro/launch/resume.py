@@ -42,6 +42,9 @@ NOT_TRAINING = ("paths", "logger", "callbacks", "hydra", "export", "eval", "task
                 "model.length_chunks")  # the same rows and loss, computed in other chunks
 
 
+DECONTAMINATION = ("data.decontaminate", "data.decontaminate_threshold", "data.decontaminate_num_perm")
+
+
 def _newest_intact(folder: Path) -> Path | None:
     """The newest checkpoint of ``folder`` that reads back whole; corrupt ones are renamed aside (rank 0), so that
     the next save cannot rotate them into ``previous.ckpt`` over a good one."""
@@ -138,8 +141,12 @@ def training_config(cfg: DictConfig) -> dict[str, Any]:
     remine = flat.get("data.remine.every_n_epochs") or flat.get("data.remine.at_start")
     # mine.* (mode=mine) shapes training only through re-mining
     skipped = NOT_TRAINING if remine else (*NOT_TRAINING, "mine")
+    # data.decontaminate=report/off trains the same rows; with drop, the overlap with eval.beir decides which
+    kept = ("eval.beir", "eval.split") if flat.get("data.decontaminate") == "drop" else ()
+    if not kept:
+        skipped = (*skipped, *DECONTAMINATION)
     return {key: value for key, value in flat.items()
-            if not any(key == skip or key.startswith(skip + ".") for skip in skipped)}
+            if key in kept or not any(key == skip or key.startswith(skip + ".") for skip in skipped)}
 
 
 def _changed(then: Any, now: Any, recorded: bool) -> bool:

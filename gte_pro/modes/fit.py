@@ -43,7 +43,7 @@ from gte_pro.modes.build import (
 )
 from gte_pro.modes.handoff import after_reranker
 from gte_pro.training.base_module import TrainingModule
-from gte_pro.training.callbacks import Throughput, ValidationRecord
+from gte_pro.training.callbacks import DecontaminationRecord, Throughput, ValidationRecord
 from gte_pro.training.memory import MemoryPlan
 from gte_pro.training.memory_plan import memory_record, plan_memory
 from gte_pro.utils.files import remove_stale_temporaries, write_json_atomic
@@ -169,6 +169,7 @@ def set_up(cfg: DictConfig, times: PhaseTimes) -> Run:
     validation = ValidationRecord()
     callbacks = [*configured, validation]
     callbacks.append(PreemptionCheckpoint(output_dir))  # SIGTERM/SIGINT (and submitit's preemption signal)
+    callbacks.append(DecontaminationRecord(output_dir))  # data.decontaminate: <run dir>/decontamination.json
     if remine is not None:
         callbacks.append(remine)
     loggers = instantiate_dict(cfg.get("logger"))
@@ -266,6 +267,7 @@ def _summary(run: Run, before: dict[str, float] | None, after: dict[str, float],
         # what the batches carried (data.num_negatives=null: the most any row of the file carries)
         "num_negatives": getattr(run.datamodule, "num_negatives", None),
         "remine": run.remine.costs if run.remine is not None else None,
+        "decontamination": getattr(run.datamodule, "decontamination", None),  # data.decontaminate's report
         "memory": memory_record(run.memory),
         "below_val_before": below_val_before(before, after, run.cfg.get("optimized_metric"),
                                              DISTILL_LOSSES.get(str(OmegaConf.select(run.cfg, "loss._target_")))),

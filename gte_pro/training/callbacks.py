@@ -1,5 +1,5 @@
 """Callbacks of our own: training throughput (progress bar, loggers, text log), a one-line progress bar, the
-resumable last checkpoint, and the record of each validation during fit."""
+resumable last checkpoint, the record of each validation during fit, and the decontamination report."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import Checkpoint, RichProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
 
+from gte_pro.data.decontamination import REPORT
 from gte_pro.launch.checkpoint_io import LAST
+from gte_pro.utils.files import write_json_atomic
 from gte_pro.utils.progress import logs_this_step
 
 log = logging.getLogger(__name__)
@@ -161,3 +163,17 @@ class LastCheckpoint(Checkpoint):
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._save(trainer)
+
+
+class DecontaminationRecord(Callback):
+    """``<run dir>/decontamination.json``: the overlap of the training rows with the evaluation sets
+    (``data.decontaminate``, ``gte_pro.data.decontamination``), written once the data module has opened its rows,
+    before the first validation or training step (Lightning sets the data module up before the callbacks)."""
+
+    def __init__(self, output_dir: Path) -> None:
+        self.output_dir = Path(output_dir)
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        report = getattr(trainer.datamodule, "decontamination", None)
+        if report is not None and trainer.is_global_zero:
+            write_json_atomic(self.output_dir / REPORT, report)

@@ -155,13 +155,15 @@ def data_lengths(cfg: Any, cuda: bool) -> DataLengths | None:
     module that batches its own way (``data=mix``), a source without a stable cache, ``data.remine``."""
     from gte_pro.data.base import ContrastiveDataModule
     from gte_pro.data.configured import build_datamodule
+    from gte_pro.evaluation.sets import eval_set_source
 
     remine = cfg.data.get("remine") or {}
     if str(cfg.get("task", "embed")) != "embed" or remine.get("every_n_epochs") or remine.get("at_start"):
         return None  # a reranker's joined pairs, re-mined negatives: not in the token cache
     tokenizer = training_tokenizer(cfg.model)
+    # eval.beir as the run names them: data.decontaminate=drop opens the same rows as the run
     datamodule = build_datamodule(cfg, tokenizer, str(cfg.model.get("query_prefix", "") or ""),
-                                  str(cfg.model.get("doc_prefix", "") or ""))
+                                  str(cfg.model.get("doc_prefix", "") or ""), eval_sets=eval_set_source(cfg))
     if (not isinstance(datamodule, ContrastiveDataModule)
             or type(datamodule).train_dataloader is not ContrastiveDataModule.train_dataloader
             or datamodule._cache_folder() is None):

@@ -6,7 +6,7 @@ from typing import Any
 from omegaconf import II, MISSING
 
 from gte_pro.config.rules import FLAG as IS_FLAG
-from gte_pro.config.rules import integer, number, text
+from gte_pro.config.rules import choice, integer, number, text
 from gte_pro.config.schema.types import FLAG, redefault, setting
 
 
@@ -53,6 +53,12 @@ class DataCommon:
                                     "windows of length_window batches; false: uniformly random batches", IS_FLAG)
     length_window: int = setting(50, "batches per window of group_by_length", integer(1))
     remine: Remine = setting(Remine(), "re-mining during training (see data.remine.*)")
+    decontaminate: str = setting("report", "overlap of the training rows with every evaluation set of the run "
+                                 "(held-out split or val file, eval.beir): report it, drop the rows, or off",
+                                 choice("report", "drop", "off"))
+    decontaminate_threshold: float = setting(0.8, "near duplicates: Jaccard of the word 3-grams of the normalised "
+                                             "texts at least this", number(0, 1, open_low=True))
+    decontaminate_num_perm: int = setting(128, "MinHash permutations of the near-duplicate search", integer(16))
 
 
 @dataclass
