@@ -11,7 +11,7 @@ train metrics equal. A run takes up to ``--kills-per-run`` kills (each restart r
 before it may finish; then a new run starts, until ``--kills`` kills have landed.
 
 Kill moments cycle through: a random time (uniform over 90% of the reference run's wall time), SIGTERM or SIGINT at
-a random time (sent to the run's main process, as ``kill`` or Ctrl+C would: it must exit with 143 or 130 within
+a random training step (sent to the run's main process, as ``kill`` or Ctrl+C would: it must exit with 143 or 130 within
 two minutes, having saved ``last.ckpt`` at its next step, and the restart resumes from there), inside a checkpoint
 write (half the bytes written), between the two renames of a checkpoint save (``last.ckpt`` moved to
 ``previous.ckpt``, the new one not yet in place), and inside the exports (a finished export not yet renamed into
@@ -146,6 +146,18 @@ def _stop(proc: subprocess.Popen, kind: str, log: Path, within: float = 120.0) -
     return rc
 
 
+def _wait_for_step(proc: subprocess.Popen, log: Path, step: int, timeout: float) -> int | None:
+    """None once the run has logged ``step`` (or a later one); its exit code if it ended first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return proc.returncode
+        if _last_step(log) >= step:
+            return None
+        time.sleep(0.05)
+    return None
+
+
 def _last_step(log: Path) -> int:
     steps = re.findall(r"step (\d+)/", log.read_text(errors="replace"))
     return int(steps[-1]) if steps else 0
@@ -213,6 +225,7 @@ def run_variant(name: str, kills: int, kills_per_run: int, work: Path, cache: Pa
     if proc.wait(timeout=timeout) != 0:
         raise RuntimeError(f"{name}: the reference run failed, see {work / f'{name}-reference.log'}")
     span = time.monotonic() - start
+    total_steps = _last_step(work / f"{name}-reference.log")
     stats = {"variant": name, "kills": 0, "resumed": 0, "runs": 0, "identical": 0, "same_metrics": 0,
              "steps_lost_max": 0, "reference_s": round(span, 1), "by_kind": {}}
     started = time.monotonic()
@@ -227,10 +240,14 @@ def run_variant(name: str, kills: int, kills_per_run: int, work: Path, cache: Pa
             log = work / f"{name}-run{stats['runs']}-{attempt}.log"
             timed = kind == "time" or kind in STOP_SIGNALS
             proc = _start(run, overrides, cache, "none" if timed else kind, nth, log)
-            try:
-                rc = proc.wait(timeout=rng.uniform(1.0, 0.9 * span) if timed else timeout)
-            except subprocess.TimeoutExpired:
-                rc = _stop(proc, kind, log) if kind in STOP_SIGNALS else None
+            if kind in STOP_SIGNALS:  # during training: at a random step of those the reference logged
+                rc = _wait_for_step(proc, log, rng.randint(1, max(1, total_steps - 2)), timeout)
+                rc = _stop(proc, kind, log) if rc is None else rc
+            else:
+                try:
+                    rc = proc.wait(timeout=rng.uniform(1.0, 0.9 * span) if timed else timeout)
+                except subprocess.TimeoutExpired:
+                    rc = None
             if rc == 0:
                 break  # finished: unarmed, or before the kill landed
             if kind in STOP_SIGNALS and rc in (STOP_SIGNALS[kind][1], -STOP_SIGNALS[kind][0]):
