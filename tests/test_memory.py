@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from gte_pro.errors import ConfigError
-from gte_pro.training.memory import GIB, Setup, estimate, meta_backbone, setup_of, shape_of
+from gte_pro.training.memory import GIB, Setup, estimate, meta_backbone, shape_of
 from gte_pro.training.memory_plan import MemoryBudgetError, plan_memory
+from gte_pro.training.memory_setup import setup_of
 from gte_pro.utils.live_bytes import LiveBytes
 from tests.conftest import REPO
 
