@@ -151,3 +151,26 @@ def test_the_chosen_mini_batch_reaches_the_loss(make_cfg, tmp_path: Path, monkey
     train(_auto(make_cfg, 0.7 * whole, "eval.before=false", "trainer.limit_train_batches=1", output_dir=out))
     chosen = json.loads((out / RECORD).read_text())["mini_batch_size"]
     assert chosen and seen and set(seen) == {chosen}
+
+
+@pytest.mark.slow
+def test_a_run_resumed_under_another_budget_trains_to_the_same_weights(make_cfg, tmp_path: Path):
+    """Stopped at step 7 (checkpoint at 6) and resumed where the budget would pick another mini-batch (the whole
+    batch): the resume reuses the first choice, and ends bit-identical to the uninterrupted run."""
+    from gte_pro.train import train
+    from tests.test_resume import Crash, _assert_same_run
+
+    run = [*RUN, "data.max_train_rows=256", "trainer.limit_train_batches=null", "callbacks.progress_bar=null",
+           "callbacks.last_checkpoint.every_n_steps=2", "trainer.val_check_interval=5", "loss.mini_batch_size=auto"]
+    whole = plan_memory(make_cfg([*run, "trainer.memory_budget=null"])).peak
+    tight = [*run, f"trainer.memory_budget={0.7 * whole / GIB:.6f}"]
+    reference, stopped = tmp_path / "reference", tmp_path / "stopped"
+    train(make_cfg(tight, output_dir=reference))
+    chosen = json.loads((reference / RECORD).read_text())["mini_batch_size"]
+    assert chosen
+    with pytest.raises(Crash):
+        train(make_cfg([*tight, "+callbacks.crash._target_=tests.test_resume.CrashAt", "+callbacks.crash.step=7"],
+                       output_dir=stopped))
+    train(make_cfg([*run, "trainer.memory_budget=64"], output_dir=stopped))
+    assert json.loads((stopped / RECORD).read_text())["mini_batch_size"] == chosen
+    _assert_same_run(stopped, reference)
