@@ -66,6 +66,14 @@ def test_auto_is_a_valid_value_and_others_are_refused(make_cfg):
         check_config(make_cfg(["loss.mini_batch_size=lots"]))
 
 
+
+def test_an_unresolved_auto_builds_an_uncached_loss(make_cfg):
+    """mode=eval builds the module without a training step to size: auto is no GradCache there."""
+    from gte_pro.modes.build import module_config
+
+    assert module_config(make_cfg(["loss.mini_batch_size=auto"]))["loss"]["mini_batch_size"] is None
+    assert module_config(make_cfg(["loss.mini_batch_size=16"]))["loss"]["mini_batch_size"] == 16
+
 def test_auto_keeps_the_whole_batch_where_it_fits(make_cfg, caplog):
     with caplog.at_level("INFO", logger=LOGGER):
         cfg = _auto(make_cfg, 64 * GIB)
