@@ -86,8 +86,10 @@ config-tables: install
 #   make bench-modernbert ARGS="--threads 1 --variants sdpa/1,sdpa/2,sdpa/4,eager/1 --steps 2"
 # bench-memory: the memory estimate every run prints (gte_pro/training/memory.py) against the measured peak of real
 #   training steps on the CPU for BERT, Qwen2 and ModernBERT configs, and the estimate per device for the GTE models
-#   at batch 8/32/128 (~2 min on 2 CPU cores; docs/models.md#memory)
+#   at batch 8/32/128 (~2 min on 2 CPU cores; docs/models.md#memory); --gradcache: GradCache at batch 256/1024 through
+#   the cached loss, and what loss.mini_batch_size=auto picks (~12 min on 2 shared CPU cores)
 #   make bench-memory ARGS="--table --batches 8,32 --length 1024"
+#   make bench-memory ARGS="--gradcache"
 # bench-eval-memory: peak RSS of mode=eval (or mode=mine with --mode mine) on synthetic 100k / 1M-document corpora, 1
 #   and 2 ranks (corpus store on disk)
 #   make bench-eval-memory ARGS="--mode mine --docs 100000,1000000 --baseline /tmp/old_tree"

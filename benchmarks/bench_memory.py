@@ -4,7 +4,7 @@ estimate for the GTE models at a few batch sizes.
 
 Usage::
 
-    python benchmarks/bench_memory.py [--check] [--table] [--data] [--batches 8,32,128] [--length 512]
+    python benchmarks/bench_memory.py [--check] [--table] [--data] [--gradcache] [--batches 8,32,128] [--length 512]
         [--negatives 3] [--json FILE]
 
 - ``--check``: small configs of each family (BERT, Qwen2, ModernBERT; fp32 and bf16 autocast; gradient
@@ -13,6 +13,12 @@ Usage::
 - ``--table``: the estimate per device (bf16-mixed, on a GPU: its CUDA allowance included) for gte-base,
   gte-large, gte-modernbert-base, gte-Qwen2-1.5B and gte-Qwen2-7B (their published shapes, built on the meta device:
   no download), full fine-tuning, with gradient checkpointing, LoRA + checkpointing, and FSDP over 8 GPUs.
+
+- ``--gradcache``: GradCache (``loss.mini_batch_size``) at large batches, where the loss's embeddings and score
+  matrix count beside one mini-batch's activations: the tiny BERT, (query, positive, 1 negative) at 32 tokens, fp32,
+  batch 256 whole and in mini-batches of 16/32/64, and batch 1024 in 32: estimated vs measured peak, and what
+  ``loss.mini_batch_size=auto`` picks with that estimate as the budget (the row's mini-batch, or more where the
+  estimate is flat).
 
 - ``--data``: the plan for the data's largest batch (what a run judges) against the measured peak of epoch 0 of
   the training loader's batches, on files of short, mixed and long texts (the tiny BERT; length chunks as on the
@@ -31,6 +37,7 @@ from typing import Any
 import harness
 from harness import Column, Result
 from memory_data import DATA_KINDS, measured_data_peak, planned_peak, write_texts
+from memory_gradcache import auto_choice, measured_loss_peak
 from train_common import CONF
 
 MIB = 2**20
@@ -87,7 +94,8 @@ def check_overrides(family: str, check: str) -> list[str]:
 
 
 def estimated_peak(cfg: Any, cuda: bool = False) -> float:
-    from gte_pro.training.memory import estimate, meta_backbone, setup_of, shape_of
+    from gte_pro.training.memory import estimate, meta_backbone, shape_of
+    from gte_pro.training.memory_setup import setup_of
 
     return estimate(shape_of(meta_backbone(cfg.model, str(cfg.get("task", "embed")))), setup_of(cfg, cuda)).peak
 
@@ -137,6 +145,30 @@ def measured_peak(cfg: Any, steps: int = 2) -> float:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     return float(counter.peak)
+
+
+# (data.batch_size, loss.mini_batch_size) of the GradCache rows (None: one forward over the batch)
+GRADCACHE = [(256, None), (256, 16), (256, 32), (256, 64), (1024, 32)]
+
+
+def gradcache_overrides(batch: int, mini_batch: int | str | None) -> list[str]:
+    return [*FAMILY["bert"], *_fields(TINY), f"data.batch_size={batch}", "data.num_negatives=1",
+            "data.max_length=32", f"loss.mini_batch_size={'null' if mini_batch is None else mini_batch}"]
+
+
+def gradcache_rows() -> list[Result]:
+    rows = []
+    for batch, mini_batch in GRADCACHE:
+        cfg = compose(gradcache_overrides(batch, mini_batch))
+        estimated, measured = estimated_peak(cfg), measured_loss_peak(cfg)
+        row: Result = {"batch": batch, "mini_batch": str(mini_batch or "whole"), "estimated_mib": estimated / MIB,
+                       "measured_mib": measured / MIB, "ratio": estimated / measured, "auto": ""}
+        if mini_batch is not None:  # this row's estimate as the budget: auto picks this row's mini-batch (or more)
+            row["auto"] = str(auto_choice(compose(gradcache_overrides(batch, "auto")), estimated))
+        rows.append(row)
+        print(f"batch {batch} mini-batch {mini_batch}: estimated {estimated / MIB:.1f} MiB, measured "
+              f"{measured / MIB:.1f} MiB", flush=True)
+    return rows
 
 
 # name -> overrides of the data checks (the bert family's tiny config, length chunks as on the CPU by default)
@@ -197,11 +229,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--table", action="store_true")
     parser.add_argument("--data", action="store_true",
                         help="the data-based plan against epoch 0 of files of short, mixed and long texts (~5 min)")
+    parser.add_argument("--gradcache", action="store_true",
+                        help="GradCache at batch 256 and 1024: the loss's share, and what auto picks (~2 min)")
     parser.add_argument("--batches", default="8,32,128")
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--negatives", type=int, default=3)
     args = parser.parse_args(argv)
-    if not args.check and not args.table and not args.data:
+    if not args.check and not args.table and not args.data and not args.gradcache:
         args.check = args.table = True
     args.batch_list = harness.int_list(args.batches)
     return args
@@ -220,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
 
         with tempfile.TemporaryDirectory() as folder:
             data = data_rows(folder)
+    gradcache = gradcache_rows() if args.gradcache else []
     table = table_rows(args.batch_list, args.length, args.negatives) if args.table else []
     print(f"\n{harness.machine()}\n")
     if checks:
@@ -237,13 +272,23 @@ def main(argv: list[str] | None = None) -> int:
                              Column("measured MiB", "measured_mib", ".1f"),
                              Column("estimated / measured", "ratio", ".2f"),
                              Column("full length MiB", "full_length_mib", ".1f")], data))
+    if gradcache:
+        print("\nGradCache (tiny BERT, fp32, (query, positive, 1 negative) at 32 tokens, InfoNCE and the cached loss "
+              "of gte_pro.training.gradcache; auto: what loss.mini_batch_size=auto picks with this row's estimate as "
+              "the budget):\n")
+        print(harness.table([Column("batch", "batch", "d", key=True),
+                             Column("mini-batch", "mini_batch", numeric=False, key=True),
+                             Column("estimated MiB", "estimated_mib", ".1f"),
+                             Column("measured MiB", "measured_mib", ".1f"),
+                             Column("estimated / measured", "ratio", ".2f"),
+                             Column("auto", "auto", numeric=False)], gradcache))
     if table:
         print(f"\nestimated GiB per device, bf16-mixed, {args.length} tokens, {args.negatives} negatives per query "
               f"(batch b: b x {2 + args.negatives} texts), AdamW, CUDA:\n")
         print(harness.table([Column("model", "model", numeric=False, key=True),
                              Column("variant", "variant", numeric=False, key=True),
                              *[Column(f"batch {b}", f"b{b}", ".1f") for b in args.batch_list]], table))
-    harness.save(args, checks=checks, table=table, data=data)
+    harness.save(args, checks=checks, table=table, data=data, gradcache=gradcache)
     return 0
 
 

@@ -335,7 +335,7 @@ def _option_keys(group: str, option: str) -> set[str]:
     (["loss.similarity=euclid"], "loss.similarity='euclid': valid choices: cosine, dot"),
     (["loss.temperature=0"], "loss.temperature=0.0: expected a number > 0"),
     (["loss.max_skipped_steps=-1"], "loss.max_skipped_steps=-1: expected an integer >= 0"),
-    (["loss.mini_batch_size=0"], "loss.mini_batch_size=0: expected an integer >= 1 or null"),
+    (["loss.mini_batch_size=0"], "loss.mini_batch_size=0: expected an integer >= 1, auto, or null"),
     (["loss=gte", "loss.mask_own_negatives=yes"], "loss.mask_own_negatives='yes': valid choices: true, false"),
     (["loss=distill_kl", "loss.teacher_temperature=0"], "loss.teacher_temperature=0: expected auto or a number > 0"),
     (["loss=margin_mse", "loss.weight_infonce=-1"], "loss.weight_infonce=-1.0: expected a number >= 0"),

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from gte_pro.errors import ConfigError
-from gte_pro.training.memory import GIB, Setup, estimate, meta_backbone, setup_of, shape_of
+from gte_pro.training.memory import GIB, Setup, estimate, meta_backbone, shape_of
 from gte_pro.training.memory_plan import MemoryBudgetError, plan_memory
+from gte_pro.training.memory_setup import setup_of
 from gte_pro.utils.live_bytes import LiveBytes
 from tests.conftest import REPO
 
@@ -190,3 +191,21 @@ def test_the_plan_draws_the_lengths_the_training_loader_batches(make_cfg, tmp_pa
         query, docs = data.forwards(rows, None)
         assert query.tolist() == batch["query"]["attention_mask"].sum(1).tolist()
         assert docs.tolist() == batch["doc"]["attention_mask"].sum(1).tolist()
+
+
+# --- GradCache at large batches: the loss's share, and what loss.mini_batch_size=auto picks (issue 33) --------------
+@pytest.mark.parametrize(("batch", "mini_batch"), [(64, 16)])
+def test_the_cached_step_estimate_is_within_the_measured_peak_of_the_cached_loss(batch: int, mini_batch: int):
+    """Two steps through the project's cached loss (its replay buffers included) at a batch whose score matrix
+    counts: the estimate lies within 0.85-1.3x of the measured peak, and auto with that estimate as the budget picks
+    the largest mini-batch within it (``make bench-memory ARGS=--gradcache`` prints the larger rows)."""
+    from memory_gradcache import auto_choice, measured_loss_peak
+
+    cfg = bench_memory.compose(bench_memory.gradcache_overrides(batch, mini_batch))
+    estimated, measured = bench_memory.estimated_peak(cfg), measured_loss_peak(cfg)
+    assert 0.85 <= estimated / measured <= 1.3, (estimated / 2**20, measured / 2**20)
+    auto = bench_memory.compose(bench_memory.gradcache_overrides(batch, "auto"))
+    chosen = auto_choice(auto, estimated)  # this mini-batch, or more where the optimizer step sets the peak
+    assert chosen >= mini_batch
+    assert bench_memory.estimated_peak(bench_memory.compose(bench_memory.gradcache_overrides(batch, chosen + 1))) \
+        > estimated

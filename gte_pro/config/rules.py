@@ -153,5 +153,7 @@ LENGTH_CHUNKS = Rule(lambda v: None if v == "auto" or not integer(1)(v) else "ex
                      "auto or integer >= 1")
 MEMORY_BUDGET = Rule(lambda v: None if v in (None, "auto") else number(0, open_low=True)(v)
                      and "expected auto, a number of GiB > 0, or null", "auto, a number of GiB > 0, or null")
+MINI_BATCH_SIZE = Rule(lambda v: None if v in (None, "auto") or not integer(1)(v)
+                       else "expected an integer >= 1, auto, or null", "integer >= 1, auto, or null")
 TEACHER_TEMPERATURE = Rule(lambda v: None if v == "auto" else number(0, open_low=True)(v)
                            and "expected auto or a number > 0", "auto or number > 0")

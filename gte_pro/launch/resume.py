@@ -39,7 +39,8 @@ NOT_TRAINING = ("paths", "logger", "callbacks", "hydra", "export", "eval", "task
                 "data.num_workers", "data.pin_memory", "data.persistent_workers", "data.cache_dir",
                 "data.eval_batch_size", "trainer.log_every_n_steps", "trainer.default_root_dir",
                 "trainer.enable_progress_bar", "trainer.num_sanity_val_steps",
-                "model.length_chunks")  # the same rows and loss, computed in other chunks
+                "model.length_chunks",  # the same rows and loss, computed in other chunks
+                "trainer.memory_budget")  # a check only: loss.mini_batch_size=auto reuses its first choice
 
 
 DECONTAMINATION = ("data.decontaminate", "data.decontaminate_threshold", "data.decontaminate_num_perm")

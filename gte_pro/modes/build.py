@@ -166,6 +166,8 @@ def module_config(cfg: DictConfig) -> dict[str, Any]:
               for key in TrainingModule.CONFIG_KEYS if key in cfg}
     if isinstance(config.get("loss"), dict):
         config["loss"] = loss_options(config["loss"], training_file(cfg))
+        if config["loss"].get("mini_batch_size") == "auto":  # unresolved (mode=eval: no step to size): no GradCache
+            config["loss"]["mini_batch_size"] = None
     return config
 
 

@@ -157,7 +157,9 @@ def set_up(cfg: DictConfig, times: PhaseTimes) -> Run:
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
     check_export_requirements(cfg.get("export"))
 
-    memory = plan_memory(cfg)  # before the weights load: a run that cannot fit stops here, with what would fit
+    # before the weights load: a run that cannot fit stops here, with what would fit; loss.mini_batch_size=auto is
+    # resolved here (and kept in the run folder for a resume)
+    memory = plan_memory(cfg, output_dir, resumed=ckpt_path is not None)
     encoder = build_encoder(cfg)
     module = build_module(cfg, encoder)
     remine = remine_callback(cfg, output_dir)

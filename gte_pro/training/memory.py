@@ -22,6 +22,14 @@ Large Transformer Models", count them; the coefficients measured here, see below
   state + autocast copies + 1.15x the activations (backward's temporaries).
 - **FSDP** over n devices: weights, gradients, optimizer state and step temporaries divided by n, plus two gathered
   transformer blocks (the one running and the one prefetched) in the compute dtype.
+- **loss**: the step's embeddings (every text of the device's batch, fp32) and their gradients, and the loss's
+  score matrix in fp32: each local query against every candidate of the (gathered) batch (``loss=gte`` scores four
+  blocks: about twice the columns), ``LOSS_MATRICES`` copies while the loss runs (the scores, the softmax that
+  cross-entropy keeps, their gradient), one after it (the step's output keeps the scores for its metrics). Without
+  GradCache they add to the activations; under GradCache (``loss.mini_batch_size``) the loss runs on the cached
+  embeddings before the replay starts, so the forward-backward peak is the larger of the loss (states + embeddings
+  + score copies) and the replay (states + its gradient buffers + one mini-batch's activations + the embeddings and
+  the kept scores): the part that grows with the batch under GradCache.
 - **CUDA**: 1 GiB for the context, cuBLAS workspaces and allocator rounding (an allowance, not a measurement).
 
 The peak is the larger of the two phases. ``c_h``/``c_f`` were measured on the CPU with
@@ -48,6 +56,7 @@ BACKWARD_TEMPORARIES = 1.15
 STEP_TEMPORARIES = 1.84  # foreach AdamW's intermediates, in trainable-parameter bytes
 CUDA_CONTEXT = 1 * GIB
 GATED_MLP_NAMES = ("gate_proj", "gate_up_proj", "Wi", "w1")
+LOSS_MATRICES = 3.0  # fp32 score-matrix copies while the loss runs (scores, cross-entropy's softmax, gradient)
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,9 @@ class Setup:
     pieces: tuple[tuple[int, int], ...] = ()
     rows: int = 0  # data.batch_size: rows per device and step
     mini_batch: int | None = None  # loss.mini_batch_size (GradCache)
+    batch_texts: int = 0  # every text of the device's step: the embeddings the loss scores
+    score_cells: int = 0  # the loss's score matrix: local queries x candidates of the (gathered) batch
+    embedding_dim: int = 0  # 0: the model's hidden size
 
 
 @dataclass(frozen=True)
@@ -102,11 +114,17 @@ class MemoryPlan:
     # (gte_pro.training.gradcache): from the second on, that running sum and the next one's fresh gradients are
     # held beside the replayed activations (0 without GradCache: backward frees activations as it makes gradients)
     replay_gradients: float = 0.0
+    embeddings: float = 0.0  # the step's embeddings and their gradients (fp32)
+    scores: float = 0.0  # one fp32 copy of the loss's score matrix
+    cached: float = 0.0  # 1: GradCache (the loss runs before the replay; a number, as metrics.json keeps every field)
 
     @property
     def forward_backward(self) -> float:
-        return (self.weights + self.optimizer + self.autocast_copies + self.gathered + self.context
-                + self.replay_gradients + BACKWARD_TEMPORARIES * self.activations)
+        states = self.weights + self.optimizer + self.autocast_copies + self.gathered + self.context + self.embeddings
+        if not self.cached:
+            return states + BACKWARD_TEMPORARIES * self.activations + LOSS_MATRICES * self.scores
+        replay = self.replay_gradients + BACKWARD_TEMPORARIES * self.activations + self.scores
+        return states + max(replay, LOSS_MATRICES * self.scores)
 
     @property
     def optimizer_step(self) -> float:
@@ -119,7 +137,8 @@ class MemoryPlan:
     def parts(self) -> str:
         named = [("weights", self.weights), ("autocast copies", self.autocast_copies), ("gradients", self.gradients),
                  ("optimizer state", self.optimizer), ("optimizer-step temporaries", self.step_temporaries),
-                 ("activations", self.activations), ("gathered FSDP blocks", self.gathered),
+                 ("activations", self.activations), ("embeddings", self.embeddings),
+                 ("loss scores", LOSS_MATRICES * self.scores), ("gathered FSDP blocks", self.gathered),
                  ("CUDA context", self.context)]
         return ", ".join(f"{name} {gib(value)}" for name, value in named if value)
 
@@ -186,6 +205,9 @@ def estimate(shape: ModelShape, setup: Setup) -> MemoryPlan:
         gathered=gathered,
         context=CUDA_CONTEXT if setup.cuda else 0.0,
         replay_gradients=2.0 * shape.trainable * state / shards if setup.mini_batch else 0.0,
+        embeddings=8.0 * setup.batch_texts * (setup.embedding_dim or shape.hidden),
+        scores=4.0 * setup.score_cells,
+        cached=1.0 if setup.mini_batch else 0.0,
     )
 
 
@@ -236,34 +258,6 @@ def meta_backbone(model_cfg: Any, task: str = "embed") -> torch.nn.Module:
         backbone = model_class.from_config(config, trust_remote_code=remote)
     lora = model_cfg.get("lora")
     return with_lora(backbone, dict(lora)) if lora else backbone
-
-
-def negatives_of(cfg: Any) -> int:
-    """Hard negatives per row as the config alone tells: data.num_negatives, or for null (as many as the rows
-    carry, unknown before they are read) at least what re-mining finds (mine.num_negatives), else 0."""
-    setting = cfg.data.get("num_negatives")
-    if setting is not None:
-        return int(setting)
-    remine = cfg.data.get("remine") or {}
-    return int(cfg.mine.num_negatives) if (remine.get("every_n_epochs") or remine.get("at_start")) else 0
-
-
-def setup_of(cfg: Any, cuda: bool, num_negatives: int | None = None) -> Setup:
-    """The per-device work of the composed config ``cfg``; ``num_negatives``: per row, where the data told it."""
-    task = str(cfg.get("task", "embed"))
-    negatives = negatives_of(cfg) if num_negatives is None else num_negatives
-    per_row = 1 + negatives + (0 if task == "rerank" else 1)
-    texts = int(cfg.data.batch_size) * per_row
-    mini_batch = cfg.get("loss", {}).get("mini_batch_size")
-    if mini_batch:
-        texts = min(texts, int(mini_batch))
-    strategy = str(cfg.get("strategy", {}).get("_target_", "") or "")
-    shards = int(cfg.get("devices", 1)) * int(cfg.get("nodes", 1)) if strategy.endswith("FSDPStrategy") else 1
-    return Setup(precision=str(cfg.trainer.precision), texts=texts, tokens_per_text=int(cfg.model.max_length),
-                 rows=int(cfg.data.batch_size), mini_batch=int(mini_batch) if mini_batch else None,
-                 checkpointing=bool(cfg.model.get("gradient_checkpointing", False)),
-                 lora=bool(cfg.model.get("lora")), shards=shards,
-                 eager_attention=cfg.model.get("attn_implementation") == "eager", cuda=cuda)
 
 
 def with_lora_shape(shape: ModelShape, rank: int = 16) -> ModelShape:

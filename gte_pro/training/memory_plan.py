@@ -2,7 +2,8 @@
 refusal with the options that would fit when it is more than ``trainer.memory_budget`` allows.
 
 ``trainer.memory_budget``: ``auto`` (the GPU's memory; on the CPU the machine's RAM shared by the ``devices``
-processes), a number of GiB, or ``null`` (print the estimate, never refuse).
+processes), a number of GiB, or ``null`` (print the estimate, never refuse). ``loss.mini_batch_size=auto`` is
+resolved here, from the same estimate (gte_pro.training.mini_batch).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 from itertools import combinations
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,10 +29,11 @@ from gte_pro.training.memory import (
     estimate,
     gib,
     meta_backbone,
-    setup_of,
     shape_of,
     with_lora_shape,
 )
+from gte_pro.training.memory_setup import setup_of
+from gte_pro.training.mini_batch import Choice, choose, is_auto, keep, recorded, settle
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +68,10 @@ def budget_of(cfg: Any, cuda: bool) -> tuple[float | None, str]:
     return psutil.virtual_memory().total / processes, f"this machine's RAM{share}"
 
 
-def plan_memory(cfg: Any) -> MemoryPlan | None:
+def plan_memory(cfg: Any, run_folder: Path | None = None, resumed: bool = False) -> MemoryPlan | None:
     """Print the estimate; raise :class:`MemoryBudgetError` when it does not fit. None when the model's config cannot
-    be read here (the model's loading then says why).
+    be read here (the model's loading then says why). ``loss.mini_batch_size=auto`` is resolved first, in ``cfg``
+    (kept in ``run_folder``, and reused from it where the run is ``resumed``).
 
     The figure judged is the peak of the batches the data will make (``gte_pro.training.data_lengths``: each text's
     length from the token cache, batched by the training sampler, in the encoder's length chunks); every text at
@@ -77,13 +81,18 @@ def plan_memory(cfg: Any) -> MemoryPlan | None:
         shape = shape_of(meta_backbone(cfg.model, str(cfg.get("task", "embed"))))
     except (OSError, ValueError) as error:
         log.debug("memory estimate skipped: %s", error)
+        if is_auto(cfg):
+            settle(cfg, Choice(None, True, "null (no memory estimate: the model's config cannot be read before it "
+                                           "loads; one forward over the batch)"))
         return None
     cuda = uses_cuda(cfg)
     data = data_lengths(cfg, cuda)
-    setup = setup_of(cfg, cuda, data.datamodule.num_negatives if data is not None else None)
+    budget, source = budget_of(cfg, cuda)
+    if is_auto(cfg):
+        resolve_auto(cfg, shape, setup_of(cfg, cuda, _negatives(data)), data, (budget, source), run_folder, resumed)
+    setup = setup_of(cfg, cuda, _negatives(data))
     worst = estimate(shape, setup)
     plan, batch = judged(shape, setup, data)
-    budget, source = budget_of(cfg, cuda)
     of_budget = f" of {gib(budget)} ({source})" if budget else ""
     say = rank_zero_only(log.info)
     if batch is None:
@@ -102,6 +111,38 @@ def plan_memory(cfg: Any) -> MemoryPlan | None:
             "%d texts of %d tokens each would need %s", batch, gib(plan.peak), gib(budget), source, setup.texts,
             setup.tokens_per_text, gib(worst.peak))
     return replace(plan, full_length_peak=worst.peak) if batch is not None else plan
+
+
+def _negatives(data: DataLengths | None) -> int | None:
+    return data.datamodule.num_negatives if data is not None else None
+
+
+def with_mini_batch(setup: Setup, mini_batch: int | None) -> Setup:
+    """``setup`` under ``loss.mini_batch_size=mini_batch`` (None: one forward over the batch)."""
+    if not mini_batch:
+        return replace(setup, texts=setup.batch_texts or setup.texts, mini_batch=None)
+    return replace(setup, texts=min(setup.batch_texts or setup.texts, mini_batch), mini_batch=mini_batch)
+
+
+def resolve_auto(cfg: Any, shape: ModelShape, setup: Setup, data: DataLengths | None,
+                 budget: tuple[float | None, str], run_folder: Path | None, resumed: bool) -> None:
+    """``loss.mini_batch_size=auto`` -> the number (or null) the estimate picks (gte_pro.training.mini_batch), set in
+    ``cfg``; the choice kept in the run folder is reused on resume. Nothing fits: the refusal, with options."""
+    choice = recorded(run_folder) if resumed else None
+    if choice is None:
+        def peak(mini_batch: int | None) -> float:
+            return judged(shape, with_mini_batch(setup, mini_batch), data)[0].peak
+
+        fsdp = str(cfg.get("strategy", {}).get("_target_", "") or "").endswith("FSDPStrategy")
+        choice = choose(peak, setup.batch_texts or setup.texts, *budget, fsdp)
+        if not choice.fits:
+            whole = with_mini_batch(setup, None)
+            plan, batch = judged(shape, whole, data)
+            options = fitting_options(shape, whole, float(budget[0] or 0), cfg, data)
+            raise MemoryBudgetError(f"loss.mini_batch_size=auto: {choice.why}\n"
+                                    + refusal(plan, float(budget[0] or 0), budget[1], options, batch))
+        keep(run_folder, choice)
+    settle(cfg, choice)
 
 
 def judged(shape: ModelShape, setup: Setup, data: DataLengths | None) -> tuple[MemoryPlan, str | None]:
@@ -136,7 +177,7 @@ def refusal(plan: MemoryPlan, budget: float, source: str, options: list[tuple[st
 def _changes(shape: ModelShape, setup: Setup, cfg: Any) -> dict[str, Change]:
     """The overrides that lower the memory, each as a change of the estimate's inputs (None: not applicable)."""
     batch = int(cfg.data.batch_size)
-    per_row = max(setup.texts // max(batch, 1), 1)
+    per_row = max((setup.batch_texts or setup.texts) // max(batch, 1), 1)
     changes: dict[str, Change] = {
         "model.gradient_checkpointing=true":
             lambda m, s: None if s.checkpointing else (m, replace(s, checkpointing=True)),
@@ -153,9 +194,16 @@ def _changes(shape: ModelShape, setup: Setup, cfg: Any) -> dict[str, Change]:
             changes[f"strategy=fsdp devices={devices}"] = lambda m, s, n=devices: (m, replace(s, shards=n))
     for smaller in (batch // 2, batch // 4):
         if smaller >= 1:
-            changes[f"data.batch_size={smaller}"] = (
-                lambda m, s, b=smaller: (m, replace(s, texts=min(s.texts, b * per_row), rows=b)))
+            changes[f"data.batch_size={smaller}"] = lambda m, s, b=smaller: (m, smaller_batch(s, b, per_row))
     return changes
+
+
+def smaller_batch(setup: Setup, rows: int, per_row: int) -> Setup:
+    """``setup`` at ``rows`` rows per step: fewer texts per forward, embeddings and score cells (queries x
+    candidates: both scale with the rows)."""
+    scale = rows / max(setup.rows, 1)
+    return replace(setup, texts=min(setup.texts, rows * per_row), rows=rows, batch_texts=rows * per_row,
+                   score_cells=round(setup.score_cells * scale * scale))
 
 
 def fitting_options(shape: ModelShape, setup: Setup, budget: float, cfg: Any, data: DataLengths | None = None,
@@ -183,7 +231,7 @@ def memory_record(plan: MemoryPlan | None) -> dict[str, Any] | None:
     it (PyTorch's allocator: the CUDA context is not in it)."""
     if plan is None:
         return None
-    record = {name: round(value / GIB, 3) for name, value in vars(plan).items()}
+    record = {name: round(value / GIB, 3) for name, value in vars(plan).items() if name != "cached"}
     record["estimated_peak"] = round(plan.peak / GIB, 3)
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         record["measured_peak_allocated"] = round(torch.cuda.max_memory_allocated() / GIB, 3)

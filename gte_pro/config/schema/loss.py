@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gte_pro.config.rules import FLAG as IS_FLAG
-from gte_pro.config.rules import TEACHER_TEMPERATURE, choice, int_list, integer, number, number_list
+from gte_pro.config.rules import MINI_BATCH_SIZE, TEACHER_TEMPERATURE, choice, int_list, integer, number, number_list
 from gte_pro.config.schema.types import FLAG, redefault, setting
 
 SIMILARITIES = ("cosine", "dot")
@@ -26,10 +26,12 @@ class InfoNCESchema:
                                                 int_list(1))
     matryoshka_weights: list[float] | None = setting(None, "one weight per Matryoshka dimension (null: 1 each)",
                                                      number_list())
-    mini_batch_size: int | None = setting(
+    mini_batch_size: Any = setting(
         None, "GradCache: embed the batch in chunks of this many texts, compute the loss on the whole batch, then "
         "replay the chunks with gradients (the loss of data.batch_size in the memory of this many); not with "
-        "strategy=fsdp; null: one forward over the batch", integer(1, optional=True))
+        "strategy=fsdp; null: one forward over the batch; auto: null where the whole batch fits "
+        "trainer.memory_budget by the memory estimate, else the largest that fits (docs/losses.md)",
+        MINI_BATCH_SIZE)
     max_skipped_steps: int = setting(10, "an optimizer step whose loss or gradient norm is NaN/inf is skipped; the "
                                      "skip after this many stops the run, naming the step and rows; 0: stop at the "
                                      "first", integer(0))
