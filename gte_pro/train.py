@@ -22,6 +22,7 @@ from gte_pro.launch.environment import job_scope
 from gte_pro.launch.run_lock import run_folder_lock, takes_the_lock
 from gte_pro.launch.stop import resume_command, stop_on_signals, under_submitit
 from gte_pro.launch.sweep import INTERRUPTED_FILE, record_interrupted_job
+from gte_pro.mining.kept_window import WINDOW_FILE
 from gte_pro.modes.evaluate import evaluate
 from gte_pro.modes.fit import fit
 from gte_pro.modes.mine import mine
@@ -61,6 +62,8 @@ def kept_after_stop(mode: str, run_dir: Path) -> str:
         shards = run_dir / "score_shards"
         done = len(list(shards.glob("*.json"))) if shards.is_dir() else 0
         return f"{done} finished shard(s) in {shards} (the same command scores only the others)"
+    if mode == "mine" and (run_dir / WINDOW_FILE).is_file():
+        return f"the embedder's mined window in {run_dir / WINDOW_FILE} (the same command continues with the teacher)"
     if mode == "train":
         last = run_dir / "checkpoints" / "last.ckpt"
         return f"{last} (its newest checkpoint)" if last.is_file() else "no checkpoint yet: the run starts over"

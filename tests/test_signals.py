@@ -229,7 +229,8 @@ def test_sigterm_during_score_keeps_the_finished_shards(make_cfg, tmp_path: Path
     assert _score(make_cfg, _overrides(cross_encoder, train_file), run)["shards_reused"] == 1
 
 
-def test_sigterm_during_mine_with_a_teacher_stops_it(make_cfg, tmp_path: Path, signals_caught, monkeypatch):
+def test_sigterm_during_mine_with_a_teacher_stops_it_and_the_rerun_only_rescores(make_cfg, tmp_path: Path,
+                                                                                  signals_caught, monkeypatch):
     from gte_pro.modes import mine
     from tests.test_mine_rescore import _mine_overrides
     from tests.test_mining import tiny_teacher
@@ -244,10 +245,24 @@ def test_sigterm_during_mine_with_a_teacher_stops_it(make_cfg, tmp_path: Path, s
 
     monkeypatch.setattr(mine, "rescore_window", signalled)
     run = tmp_path / "mine"
+    overrides = _mine_overrides(tmp_path, teacher)  # writes the files: once, so that the reruns find them unchanged
     with pytest.raises(RunStopped) as stopped:
-        train(make_cfg(_mine_overrides(tmp_path, teacher), output_dir=run))
+        train(make_cfg(overrides, output_dir=run))
     assert stopped.value.exit_code == 143 and not (run / "mined.jsonl").exists()
-    assert "the same command starts it over" in json.loads((run / "interrupted.json").read_text())["saved"]
+    assert "mined window" in json.loads((run / "interrupted.json").read_text())["saved"]
+    assert (run / "mined_window.pt").is_file()
+
+    # the same command again: the window is not mined again, the teacher rescores, the file is the uninterrupted one
+    monkeypatch.setattr(mine, "rescore_window", rescore)
+    mined_again = []
+    mine_texts = mine.mine_texts
+    monkeypatch.setattr(mine, "mine_texts", lambda *a, **k: mined_again.append(1) or mine_texts(*a, **k))
+    train(make_cfg(overrides, output_dir=run))
+    assert mined_again == [] and not (run / "mined_window.pt").exists()
+    alone = tmp_path / "alone"
+    train(make_cfg(overrides, output_dir=alone))
+    assert mined_again == [1]
+    assert (run / "mined.jsonl").read_bytes() == (alone / "mined.jsonl").read_bytes()
 
 
 # --- the exit code and the sweep's record --------------------------------------------------------------------------

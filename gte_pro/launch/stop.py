@@ -2,10 +2,10 @@
 
 ``stop_on_signals`` (around every job, ``gte_pro.train``) catches both. Outside training's step loop the handler
 raises ``RunStopped`` at once: evaluation keeps nothing to save, scoring's finished shards are already on disk (each
-written atomically), mining writes its output only at the end. Inside the step loop (``deferring``, set by
-``gte_pro.launch.preemption.PreemptionCheckpoint``) it only records the request: at the next step boundary the ranks
-agree, save ``last.ckpt`` together and raise ``RunStopped``, the same path as SLURM's preemption signal. A second
-signal of the same run stops at once, without waiting for the step.
+written atomically), mining with a teacher has kept its mined window (``gte_pro.mining.kept_window``). Inside the
+step loop (``deferring``, set by ``gte_pro.launch.preemption.PreemptionCheckpoint``) it only records the request: at
+the next step boundary the ranks agree, save ``last.ckpt`` together and raise ``RunStopped``, the same path as
+SLURM's preemption signal. A second signal of the same run stops at once, without waiting for the step.
 
 ``gte_pro.errors.RunStopped`` is a BaseException, so that no ``except Exception`` on the way swallows it;
 ``gte_pro.errors.run_cli`` turns it into exit code 128 + the signal's number (143 for SIGTERM, 130 for SIGINT), as a

@@ -38,6 +38,7 @@ from gte_pro.launch.stop import STOP
 from gte_pro.mining.core import MinedNegatives
 from gte_pro.mining.corpus import TextStore, ensure_text_store
 from gte_pro.mining.embed import mine_texts
+from gte_pro.mining.kept_window import drop_window, keep_window, load_window, window_fingerprint
 from gte_pro.mining.options import (
     MiningOptions,
     RescoreOptions,
@@ -97,16 +98,27 @@ class Mined:
 
 
 def mine_problem(fabric: Fabric, encoder: Encoder, problem: MiningProblem, options: MiningOptions, batch_size: int,
-                 max_length: int, teacher: Teacher | None = None, rescore: RescoreOptions | None = None) -> Mined:
+                 max_length: int, teacher: Teacher | None = None, rescore: RescoreOptions | None = None,
+                 run_dir: Path | None = None) -> Mined:
     """``mine_texts`` on every rank with the encoder on its device in the run's precision; with a teacher, the
-    embedder mines the window and the teacher judges it (``rescore_window``)."""
+    embedder mines the window and the teacher judges it (``rescore_window``). With a teacher and ``run_dir``, the
+    window is kept in the run folder once mined, and an earlier start's window of the same inputs is reused
+    (``gte_pro.mining.kept_window``): a run stopped while the teacher rescored continues with the rescoring."""
     encoder = on_device(fabric, encoder)
     timings: dict[str, float] = {}
     # the run's precision for the encoder; the scores themselves are float32 (mine_negatives)
     window = options if teacher is None else window_options(options)
+    keep = run_dir is not None and teacher is not None
+    settings = {**vars(window), "batch_size": batch_size, "max_length": max_length, "ranks": fabric.world_size,
+                "precision": str(getattr(fabric.strategy.precision, "precision", ""))}
+    fingerprint = window_fingerprint(encoder, problem, settings) if keep else ""
     with torch.inference_mode():
-        mined = mine_texts(encoder, problem.queries, problem.corpus, problem.positives, window, batch_size,
-                           max_length, fabric.autocast, timings)
+        mined = load_window(run_dir, fingerprint) if keep else None
+        if mined is None:
+            mined = mine_texts(encoder, problem.queries, problem.corpus, problem.positives, window, batch_size,
+                               max_length, fabric.autocast, timings)
+            if keep and fabric.is_global_zero:
+                keep_window(run_dir, fingerprint, mined)
         rescored = None
         if teacher is not None and rescore is not None:
             mined, rescored = rescore_window(teacher.to(fabric.device), problem.queries, problem.corpus,
@@ -144,7 +156,7 @@ def mine(cfg: DictConfig) -> None:
         if fabric.local_rank == 0:
             data.prepare_data()
     problem = data.setup("validate")
-    mined = mine_problem(fabric, encoder, problem, options, batch_size, max_length, teacher, rescore)
+    mined = mine_problem(fabric, encoder, problem, options, batch_size, max_length, teacher, rescore, output_dir)
     seconds = time.perf_counter() - start
     peaks = peak_rss_mb_per_rank()
     if fabric.is_global_zero:
@@ -159,3 +171,4 @@ def mine(cfg: DictConfig) -> None:
         if rescore is not None:
             details["rescore_options"] = vars(rescore)
         write_mine_outputs(output, output_dir, problem, mined.negatives, details, mined.rescored)
+        drop_window(output_dir)  # the run is done: nothing left to continue
