@@ -179,6 +179,11 @@ def test_resuming_with_a_changed_training_key_is_an_error_unless_forced(make_cfg
     forced = make_cfg(["debug=fast", "model.lr=5e-4", "data.batch_size=4", "resume=force"], output_dir=run)
     assert check_resumed_config(forced, run, ckpt) == {"data.batch_size": [8, 4], "model.lr": [0.001, 0.0005],
                                                        "optimizer.lr": [0.001, 0.0005]}
+    # a folder recorded by a version that counted trainer.memory_budget (now a check only) resumes without a change
+    record = json.loads((run / "run_config.json").read_text())
+    (run / "run_config.json").write_text(json.dumps({**record, "trainer.memory_budget": "auto"}))
+    assert check_resumed_config(make_cfg(["debug=fast", "trainer.memory_budget=null"], output_dir=run), run,
+                                ckpt) == {}
 
 
 # --- end to end, in one process ----------------------------------------------------------------------------------
