@@ -167,7 +167,7 @@ def check_resumed_config(cfg: DictConfig, output_dir: Path, ckpt_path: str | Non
     then = json.loads(record.read_text(encoding="utf-8"))
     # a key this version no longer counts as training (e.g. trainer.memory_budget) is no change, whatever was kept
     then = {key: value for key, value in then.items()
-            if not any(key == skip or key.startswith(skip + ".") for skip in NOT_TRAINING)}
+            if key in now or not any(key == skip or key.startswith(skip + ".") for skip in NOT_TRAINING)}
     changed = {key: [then.get(key), now.get(key)] for key in sorted(then.keys() | now.keys())
                if _changed(then.get(key), now.get(key), key in then)}
     if changed and cfg.get("resume") != "force":
