@@ -149,3 +149,12 @@ def test_a_run_exports_its_ranges_and_sentence_transformers_quantizes_the_same_w
     assert np.array_equal(quantize_embeddings(embeddings, precision="binary"), (packed.astype(np.int16) - 128)
                           .astype(np.int8))
     assert math.isfinite(metrics["val"]["val/ndcg@10_binary"])
+
+
+@pytest.mark.slow  # three short training runs
+def test_a_killed_quantization_aware_run_resumes_bit_identical_ranges_and_weights(make_cfg, tmp_path: Path):
+    from tests.test_resume import RUN, stop_at_step_7_and_resume
+
+    stop_at_step_7_and_resume(make_cfg, tmp_path, [*RUN, "loss.quantization_aware=[binary,int8]"])
+    saved = torch.load(tmp_path / "stopped" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert saved["loss.quantization_ranges"].shape[0] == 2 and saved["loss.quantization_ranges"].shape[1] > 0
