@@ -67,6 +67,20 @@ def test_the_int8_term_ranks_by_the_evaluated_int8_inner_products():
     assert torch.autograd.grad(term, pos)[0].abs().sum() > 0
 
 
+def test_a_constant_dimension_keeps_the_int8_gradient_finite():
+    """all-MiniLM-L6-v2 has a dimension whose range over a batch is ~1e-32: the step's inverse must not reach the
+    gradient (the forward values stay eval.quantization's)."""
+    q, pos, neg = (x.detach().clone() for x in _triple())
+    for x in (q, pos, neg):
+        x[..., 0] = 1e-33 * torch.randn(x.shape[:-1], generator=torch.Generator().manual_seed(0), dtype=x.dtype)
+    q.requires_grad_()
+    loss = InfoNCELoss(quantization_aware=["int8"])
+    grad = torch.autograd.grad(loss(q, pos, neg).loss, q)[0]
+    plain = torch.autograd.grad(InfoNCELoss()(q, pos, neg).loss, q)[0]
+    # unbounded, that dimension's gradient was ~1e35 and its square (the gradient norm) inf
+    assert torch.isfinite(grad).all() and 0 < grad.abs().max() < 100 * plain.abs().max()
+
+
 def test_the_ranges_are_a_moving_average_kept_in_the_state_dict():
     loss = InfoNCELoss(quantization_aware=["int8", "binary"])
     first, second = _triple(), (_embeddings(4, 6, DIM), _embeddings(5, 6, DIM), None)

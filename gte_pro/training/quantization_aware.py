@@ -28,6 +28,7 @@ import torch.distributed as dist
 from gte_pro.evaluation.quantize import QUANTIZATIONS
 from gte_pro.utils.distributed import is_distributed
 
+STEP_FLOOR = 0.1  # in the int8 backward pass, no step counts as smaller than this x the median step
 RANGE_MOMENTUM = 0.9  # weight of the previous ranges in the moving average (Jacob et al. 2018 use an EMA too)
 
 
@@ -43,8 +44,11 @@ def int8_ste(x: torch.Tensor, ranges: torch.Tensor) -> torch.Tensor:
     start = ranges[0]
     step = (ranges[1] - start) / 255
     step = torch.where(step == 0, torch.ones_like(step), step)
-    scaled = (x.float() - start) / step - 128
-    hard = torch.floor(scaled + 128).clamp(0, 255) - 128
+    hard = torch.floor((x.float() - start) / step).clamp(0, 255) - 128
+    # the backward pass divides by the step: a (near) constant dimension (all-MiniLM-L6-v2 has one whose range is
+    # ~1e-32) would send an infinite gradient; its step counts as at least a tenth of the median step there
+    floor = STEP_FLOOR * step.median().detach()
+    scaled = (x.float() - start) / torch.maximum(step, floor) - 128
     return scaled + (hard - scaled).detach()
 
 
