@@ -11,8 +11,9 @@ Every run is ``python train.py`` in a fresh process with the base overrides of t
 data=jsonl on pydocs, infonce, in-batch negatives only, model.lr=2e-5, batch 32, validation after the last step
 only, no checkpoints) and ``eval.quantization=[int8,binary]`` plus its variant's:
 
-  plain  nothing more
-  qat    loss.quantization_aware=[binary,int8] loss.quantization_weight=--quantization-weight
+  plain       nothing more
+  qat         loss.quantization_aware=[binary,int8] loss.quantization_weight=--quantization-weight
+  qat-binary  loss.quantization_aware=[binary], the same weight
 
 The second set ("stdlib") is the held-out split of the offline demo corpus (standard-library docstring summary ->
 body, a different source from pydocs' installed packages) written as a BEIR folder: its queries, their documents and
@@ -43,7 +44,7 @@ from pydocs_runs import (
     train_recorded,
 )
 
-VARIANTS = ("plain", "qat")
+VARIANTS = ("plain", "qat", "qat-binary")
 PRECISIONS = ("float", "int8", "binary")
 QUANTIZATION = "eval.quantization=[int8,binary]"
 SET_LABELS = {"beir": "pydocs"}  # the pydocs set's BEIR folder is named beir
@@ -77,9 +78,10 @@ def eval_sets(data: Path, args: argparse.Namespace) -> str:
 
 def train_command(variant: str, seed: int, args: argparse.Namespace, data: Path) -> list[str]:
     base = [o if not o.startswith("eval.beir=") else eval_sets(data, args) for o in common_overrides(args, data)]
-    extra = ["loss.quantization_aware=[binary,int8]", f"loss.quantization_weight={args.quantization_weight}"]
+    precisions = {"qat": "[binary,int8]", "qat-binary": "[binary]"}.get(variant)
+    extra = [f"loss.quantization_aware={precisions}", f"loss.quantization_weight={args.quantization_weight}"]
     return harness.train_command(*base, f"data.train_file={data / 'train.jsonl'}", "loss=infonce",
-                                 "data.num_negatives=0", QUANTIZATION, *(extra if variant == "qat" else []),
+                                 "data.num_negatives=0", QUANTIZATION, *(extra if precisions else []),
                                  f"seed={seed}", f"hydra.run.dir={run_dir(variant, seed, args)}")
 
 
@@ -148,15 +150,21 @@ def verdicts(table: list[Result], names: list[str]) -> list[str]:
     for name in names:
         name = SET_LABELS.get(name, name)
         got = {r["variant"]: r for r in table if r["set"] == name and "error" not in r}
-        if "qat" not in got:
-            continue
-        qat = got["qat"]
-        lines.append(f"{name}: qat float - binary gap {100 * qat['gap']:.2f} points (goal <= 2): "
-                     f"{'met' if qat['gap'] <= 0.02 else 'NOT met'}")
-        if "plain" in got:
-            drop = got["plain"]["float"] - qat["float"]
-            lines.append(f"{name}: qat float vs plain {-100 * drop:+.2f} points (goal >= -0.3): "
-                         f"{'met' if drop <= 0.003 else 'NOT met'}; plain gap {100 * got['plain']['gap']:.2f}")
+        for variant in ("qat", "qat-binary"):
+            lines += _verdict(name, variant, got)
+    return lines
+
+
+def _verdict(name: str, variant: str, got: dict[str, Result]) -> list[str]:
+    if variant not in got:
+        return []
+    qat = got[variant]
+    lines = [f"{name}: {variant} float - binary gap {100 * qat['gap']:.2f} points (goal <= 2): "
+             f"{'met' if qat['gap'] <= 0.02 else 'NOT met'}"]
+    if "plain" in got:
+        drop = got["plain"]["float"] - qat["float"]
+        lines.append(f"{name}: {variant} float vs plain {-100 * drop:+.2f} points (goal >= -0.3): "
+                     f"{'met' if drop <= 0.003 else 'NOT met'}; plain gap {100 * got['plain']['gap']:.2f}")
     return lines
 
 
