@@ -91,9 +91,9 @@ config-tables: install
 # bench-eval-memory: peak RSS of mode=eval (or mode=mine with --mode mine) on synthetic 100k / 1M-document corpora, 1
 #   and 2 ranks (corpus store on disk)
 #   make bench-eval-memory ARGS="--mode mine --docs 100000,1000000 --baseline /tmp/old_tree"
-# bench-quantization: plain vs quantization-aware (loss.quantization_aware=[binary,int8]) MiniLM students on pydocs
-#   and the stdlib held-out set: float, int8 and binary NDCG@10, 3 seeds (docs/benchmarks.md; ~1.5 h on 2 shared cores)
-#   make bench-quantization ARGS="--seeds 1,2,3 --max-train 1000 --max-test 200 --steps 40 --override data.max_length=128"
+# bench-quantization: plain vs quantization-aware (loss.quantization_aware) MiniLM students on pydocs and the stdlib
+#   held-out set: float, int8 and binary NDCG@10, 3 seeds (docs/benchmarks.md; 25 min to 2 h on 2 shared cores)
+#   make bench-quantization ARGS="--variants plain,qat,qat-binary --steps 20 --override data.max_length=64"
 bench: bench-train
 
 bench-%: install

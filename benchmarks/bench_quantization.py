@@ -3,8 +3,8 @@
 
 Usage::
 
-    python benchmarks/bench_quantization.py [--variants plain,qat] [--seeds 1,2,3] [--max-train 1000]
-        [--max-test 200] [--steps 40] [--quantization-weight 1.0] [--workdir /tmp/gte_pro_bench_quantization]
+    python benchmarks/bench_quantization.py [--variants plain,qat,qat-binary] [--seeds 1,2,3] [--max-train 1000]
+        [--max-test 200] [--steps 20] [--quantization-weight 1.0] [--workdir /tmp/gte_pro_bench_quantization]
         [--override key=value ...] [--reuse] [--report] [--dry-run]
 
 Every run is ``python train.py`` in a fresh process with the base overrides of the pydocs benchmarks (model=minilm
@@ -184,7 +184,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser, workdir="/tmp/gte_pro_bench_quantization", variants=VARIANTS)
     parser.add_argument("--quantization-weight", default="1.0", help="loss.quantization_weight of the qat runs")
-    parser.set_defaults(max_train=1000, max_test=200, steps=40)
+    parser.set_defaults(max_train=1000, max_test=200, steps=20)
     return finish_arguments(parser, parser.parse_args(argv), VARIANTS)
 
 
