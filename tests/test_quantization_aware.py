@@ -135,7 +135,6 @@ def test_unknown_precisions_name_the_valid_ones(make_cfg):
         check_config(make_cfg(["loss.quantization_aware=[int4]"]))
 
 
-@pytest.mark.slow  # ~40 s on 2 shared cores: a training run, its export and an encode
 def test_a_run_exports_its_ranges_and_sentence_transformers_quantizes_the_same_way(make_cfg, tmp_path: Path):
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.util.quantization import quantize_embeddings
