@@ -100,6 +100,9 @@ config-tables: install
 # bench-decontaminate: data.decontaminate off/report/drop on 200,000 synthetic training rows against a 200-row val
 #   file and a 1,000-query BEIR set: start-up and scan seconds, rows/s, peak RSS, share of the cold start-up
 #   make bench-decontaminate ARGS="--rows 20000 --queries 1000 --corpus 10000 --planted 300"
+# bench-quantization: plain vs quantization-aware (loss.quantization_aware) MiniLM students on pydocs and the stdlib
+#   held-out set: float, int8 and binary NDCG@10, 3 seeds (docs/benchmarks.md; 25 min to 2 h on 2 shared cores)
+#   make bench-quantization ARGS="--variants plain,qat,qat-binary --steps 20 --override data.max_length=64"
 bench: bench-train
 
 bench-%: install

@@ -25,6 +25,7 @@ from gte_pro.errors import ConfigError
 from gte_pro.evaluation.report import below_val_before, merge_results, metrics_table, optimized_value
 from gte_pro.evaluation.sets import eval_set_source
 from gte_pro.export.cross_encoder import export_cross_encoder, release_reranker
+from gte_pro.export.quantization import write_quantization
 from gte_pro.export.release import check_export_requirements, release
 from gte_pro.export.writers import export_sentence_transformers
 from gte_pro.launch.fsdp import is_sharded, unsharded_module
@@ -285,6 +286,9 @@ def _export_and_record(run: Run, summary: dict[str, Any]) -> None:
         export = export_cross_encoder if reranker else export_sentence_transformers
         model_dir = export(module.encoder, output_dir / "model")
         summary["model_dir"] = str(model_dir)
+        if getattr(module.loss, "quantization_aware", ()) and module.loss.quantization_ranges.numel():
+            summary["quantization_file"] = str(write_quantization(model_dir, module.loss.quantization_ranges,
+                                                                  module.loss.quantization_aware))
         write_json_atomic(output_dir / "metrics.json", summary)
         # raises (failing the run) if an export does not reproduce the module
         summary["exports"] = (release_reranker if reranker else release)(module.encoder, output_dir, cfg, summary,

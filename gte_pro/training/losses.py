@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gte_pro.errors import ConfigError
+from gte_pro.training.quantization_aware import fit_ranges_buffer, quantized_batch, ranges_for_step
 from gte_pro.utils.distributed import is_distributed
 
 
@@ -131,6 +132,10 @@ class ContrastiveLoss(nn.Module, abc.ABC):
     is the ``matryoshka_weights``-weighted sum (weights 1 by default) of the loss on the first d dimensions of every
     embedding, for each d, so that truncated embeddings keep working. The embeddings are gathered across devices
     once, at full width, and truncated after. Subclasses compute one loss in ``_loss``.
+
+    ``quantization_aware`` (``gte_pro.training.quantization_aware``): plus ``quantization_weight`` times ``_loss`` on
+    the int8/binary embeddings (straight-through), at full width only; the int8 ranges are the checkpointed buffer
+    ``quantization_ranges``, registered only then (other runs' state dicts are unchanged).
     """
 
     # whether ``_loss`` scores against every rank's queries (one more all_gather per step)
@@ -139,7 +144,8 @@ class ContrastiveLoss(nn.Module, abc.ABC):
     def __init__(self, *, temperature: float = 0.05, gather_across_devices: bool = True,
                  mini_batch_size: int | None = None, max_skipped_steps: int = 10,
                  similarity: str = "cosine", matryoshka_dims: Sequence[int] | None = None,
-                 matryoshka_weights: Sequence[float] | None = None) -> None:
+                 matryoshka_weights: Sequence[float] | None = None, quantization_aware: Sequence[str] = (),
+                 quantization_weight: float = 1.0) -> None:
         super().__init__()
         # the values come checked (gte_pro.config.checks, from gte_pro/config/schema/loss.py)
         self.temperature = float(temperature)
@@ -148,6 +154,11 @@ class ContrastiveLoss(nn.Module, abc.ABC):
         self.max_skipped_steps = int(max_skipped_steps)
         self.similarity = similarity
         self.matryoshka_dims, self.matryoshka_weights = _matryoshka(matryoshka_dims, matryoshka_weights)
+        self.quantization_aware = tuple(quantization_aware or ())
+        self.quantization_weight = float(quantization_weight)
+        if self.quantization_aware:  # (2, dim) once the first training batch has been seen
+            self.register_buffer("quantization_ranges", torch.empty(2, 0))
+            self._register_load_state_dict_pre_hook(fit_ranges_buffer, with_module=True)
 
     def forward(self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None = None,
                 teacher_scores: torch.Tensor | None = None) -> LossOutput:
@@ -161,9 +172,14 @@ class ContrastiveLoss(nn.Module, abc.ABC):
                  teacher_scores: torch.Tensor | None) -> LossOutput:
         batch = self._gathered(query, positive, negatives)
         batch.negatives, batch.teacher = negatives if batch.num_negatives else None, teacher_scores
+        out = self._float_loss(batch)
+        return self._with_quantized(batch, out) if self.quantization_aware else out
+
+    def _float_loss(self, batch: GlobalBatch) -> LossOutput:
+        """The loss on the float embeddings: at the full width, or the weighted sum over the Matryoshka widths."""
         if not self.matryoshka_dims:
             return self._loss(batch)
-        full = query.shape[-1]
+        full = batch.query.shape[-1]
         if max(self.matryoshka_dims) > full:
             raise ConfigError(f"loss.matryoshka_dims={list(self.matryoshka_dims)}: {max(self.matryoshka_dims)} is "
                              f"larger than the model's embedding dimension {full}")
@@ -171,6 +187,21 @@ class ContrastiveLoss(nn.Module, abc.ABC):
         loss = sum(w * out.loss for w, out in zip(self.matryoshka_weights, outputs, strict=True))
         widest = outputs[self.matryoshka_dims.index(max(self.matryoshka_dims))]  # scores for the train metrics
         return LossOutput(loss, widest.scores, widest.labels)
+
+    def _with_quantized(self, batch: GlobalBatch, out: LossOutput) -> LossOutput:
+        """``out`` plus the weighted loss on each quantized space (a training step moves the int8 ranges first)."""
+        ranges = ranges_for_step(self, batch.candidates)
+        loss = out.loss + sum(self.quantization_weight * self._quantized_loss(batch, p, ranges).loss
+                              for p in self.quantization_aware)
+        return LossOutput(loss, out.scores, out.labels)
+
+    def _quantized_loss(self, batch: GlobalBatch, precision: str, ranges: torch.Tensor) -> LossOutput:
+        """``_loss`` on the quantized embeddings, scored by the inner product as ``eval.quantization`` ranks."""
+        similarity, self.similarity = self.similarity, "dot"  # the quantized vectors are scored as they are
+        try:
+            return self._loss(quantized_batch(batch, precision, ranges))
+        finally:
+            self.similarity = similarity
 
     @abc.abstractmethod
     def _loss(self, batch: GlobalBatch) -> LossOutput:
@@ -225,10 +256,12 @@ class GTELoss(ContrastiveLoss):
                  gather_across_devices: bool = True, mini_batch_size: int | None = None,
                  max_skipped_steps: int = 10, similarity: str = "cosine",
                  matryoshka_dims: Sequence[int] | None = None,
-                 matryoshka_weights: Sequence[float] | None = None) -> None:
+                 matryoshka_weights: Sequence[float] | None = None, quantization_aware: Sequence[str] = (),
+                 quantization_weight: float = 1.0) -> None:
         super().__init__(temperature=temperature, gather_across_devices=gather_across_devices,
                          mini_batch_size=mini_batch_size, max_skipped_steps=max_skipped_steps, similarity=similarity,
-                         matryoshka_dims=matryoshka_dims, matryoshka_weights=matryoshka_weights)
+                         matryoshka_dims=matryoshka_dims, matryoshka_weights=matryoshka_weights,
+                         quantization_aware=quantization_aware, quantization_weight=quantization_weight)
         self.mask_own_negatives = mask_own_negatives
 
     needs_all_queries = True

@@ -35,10 +35,12 @@ class _DistillationLoss(InfoNCELoss):
     def __init__(self, *, temperature: float = 0.05, weight_infonce: float = 0.0, gather_across_devices: bool = True,
                  mini_batch_size: int | None = None, max_skipped_steps: int = 10, similarity: str = "cosine",
                  matryoshka_dims: Sequence[int] | None = None,
-                 matryoshka_weights: Sequence[float] | None = None, allow_weak_teacher: bool = False) -> None:
+                 matryoshka_weights: Sequence[float] | None = None, allow_weak_teacher: bool = False,
+                 quantization_aware: Sequence[str] = (), quantization_weight: float = 1.0) -> None:
         super().__init__(temperature=temperature, gather_across_devices=gather_across_devices,
                          mini_batch_size=mini_batch_size, max_skipped_steps=max_skipped_steps, similarity=similarity,
-                         matryoshka_dims=matryoshka_dims, matryoshka_weights=matryoshka_weights)
+                         matryoshka_dims=matryoshka_dims, matryoshka_weights=matryoshka_weights,
+                         quantization_aware=quantization_aware, quantization_weight=quantization_weight)
         self.weight_infonce = float(weight_infonce)
         # judged before the run starts (gte_pro.config.cross_keys.weak_teacher_problems); kept for the record
         self.allow_weak_teacher = bool(allow_weak_teacher)
@@ -96,11 +98,13 @@ class DistillKLLoss(_DistillationLoss):
                  weight_infonce: float = 1.0,
                  gather_across_devices: bool = True, mini_batch_size: int | None = None, max_skipped_steps: int = 10,
                  similarity: str = "cosine", matryoshka_dims: Sequence[int] | None = None,
-                 matryoshka_weights: Sequence[float] | None = None, allow_weak_teacher: bool = False) -> None:
+                 matryoshka_weights: Sequence[float] | None = None, allow_weak_teacher: bool = False,
+                 quantization_aware: Sequence[str] = (), quantization_weight: float = 1.0) -> None:
         super().__init__(temperature=temperature, weight_infonce=weight_infonce, allow_weak_teacher=allow_weak_teacher,
                          gather_across_devices=gather_across_devices, mini_batch_size=mini_batch_size,
                          max_skipped_steps=max_skipped_steps, similarity=similarity, matryoshka_dims=matryoshka_dims,
-                         matryoshka_weights=matryoshka_weights)
+                         matryoshka_weights=matryoshka_weights, quantization_aware=quantization_aware,
+                         quantization_weight=quantization_weight)
         # a run resolves auto from the training file's teacher record (gte_pro.scoring.teacher_file, through
         # gte_pro.modes.build.module_config) before it builds the loss; built without a run, auto is that of a file
         # without a record
@@ -138,11 +142,13 @@ class MarginMSELoss(_DistillationLoss):
     def __init__(self, *, temperature: float = 0.05, weight_infonce: float = 0.0, gather_across_devices: bool = True,
                  mini_batch_size: int | None = None, max_skipped_steps: int = 10, similarity: str = "dot",
                  matryoshka_dims: Sequence[int] | None = None,
-                 matryoshka_weights: Sequence[float] | None = None, allow_weak_teacher: bool = False) -> None:
+                 matryoshka_weights: Sequence[float] | None = None, allow_weak_teacher: bool = False,
+                 quantization_aware: Sequence[str] = (), quantization_weight: float = 1.0) -> None:
         super().__init__(temperature=temperature, weight_infonce=weight_infonce, allow_weak_teacher=allow_weak_teacher,
                          gather_across_devices=gather_across_devices, mini_batch_size=mini_batch_size,
                          max_skipped_steps=max_skipped_steps, similarity=similarity, matryoshka_dims=matryoshka_dims,
-                         matryoshka_weights=matryoshka_weights)
+                         matryoshka_weights=matryoshka_weights, quantization_aware=quantization_aware,
+                         quantization_weight=quantization_weight)
 
     def distill(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
         teacher_margin = teacher[:, :1] - teacher[:, 1:]

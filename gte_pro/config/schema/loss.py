@@ -4,7 +4,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from gte_pro.config.rules import FLAG as IS_FLAG
-from gte_pro.config.rules import MINI_BATCH_SIZE, TEACHER_TEMPERATURE, choice, int_list, integer, number, number_list
+from gte_pro.config.rules import (
+    MINI_BATCH_SIZE,
+    TEACHER_TEMPERATURE,
+    choice,
+    int_list,
+    integer,
+    number,
+    number_list,
+    subset,
+)
 from gte_pro.config.schema.types import FLAG, redefault, setting
 
 SIMILARITIES = ("cosine", "dot")
@@ -26,6 +35,12 @@ class InfoNCESchema:
                                                 int_list(1))
     matryoshka_weights: list[float] | None = setting(None, "one weight per Matryoshka dimension (null: 1 each)",
                                                      number_list())
+    quantization_aware: list[str] = setting([], "quantization-aware training: the loss also on the int8 and/or "
+                                            "binary embeddings that eval.quantization ranks (straight-through "
+                                            "gradients; int8 ranges exported in model/quantization.json); []: off",
+                                            subset("int8", "binary"))
+    quantization_weight: float = setting(1.0, "weight of each quantized term of loss.quantization_aware",
+                                         number(0))
     mini_batch_size: Any = setting(
         None, "GradCache: embed the batch in chunks of this many texts, compute the loss on the whole batch, then "
         "replay the chunks with gradients (the loss of data.batch_size in the memory of this many); not with "
