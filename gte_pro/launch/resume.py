@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gte_pro.errors import MissingFileError, ResumeError
 from gte_pro.launch.checkpoint_io import LAST, PREVIOUS, is_intact
-from gte_pro.utils.files import write_json_atomic
+from gte_pro.utils.files import remove_stale_temporaries, write_json_atomic
 from gte_pro.utils.secrets import redact_secrets
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,16 @@ NOT_TRAINING = ("paths", "logger", "callbacks", "hydra", "export", "eval", "task
 
 
 DECONTAMINATION = ("data.decontaminate", "data.decontaminate_threshold", "data.decontaminate_num_perm")
+
+
+def remove_leftovers(output_dir: Path) -> None:
+    """Rank 0, before a run resumes: temporary files of a killed earlier start (a checkpoint, an export half
+    written) go first."""
+    if rank_zero_only.rank != 0:
+        return
+    for folder in (output_dir, output_dir / "checkpoints"):
+        for path in remove_stale_temporaries(folder):
+            log.info("removed %s, left by a run that was killed while writing it", path)
 
 
 def _newest_intact(folder: Path) -> Path | None:

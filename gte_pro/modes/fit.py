@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
@@ -30,7 +29,13 @@ from gte_pro.export.release import check_export_requirements, release
 from gte_pro.export.writers import export_sentence_transformers
 from gte_pro.launch.fsdp import is_sharded, unsharded_module
 from gte_pro.launch.preemption import PreemptionCheckpoint, stop_if_asked
-from gte_pro.launch.resume import check_resumed_config, record_restart, restart_history, resume_checkpoint
+from gte_pro.launch.resume import (
+    check_resumed_config,
+    record_restart,
+    remove_leftovers,
+    restart_history,
+    resume_checkpoint,
+)
 from gte_pro.mining.remine import RemineNegatives, remine_callback
 from gte_pro.models.cross_encoder import CrossEncoder
 from gte_pro.models.encoder import Encoder
@@ -47,7 +52,7 @@ from gte_pro.training.base_module import TrainingModule
 from gte_pro.training.callbacks import DecontaminationRecord, Throughput, ValidationRecord
 from gte_pro.training.memory import MemoryPlan
 from gte_pro.training.memory_plan import memory_record, plan_memory
-from gte_pro.utils.files import remove_stale_temporaries, write_json_atomic
+from gte_pro.utils.files import write_json_atomic
 from gte_pro.utils.plots import plot_run_logged
 from gte_pro.utils.secrets import redact_secrets
 from gte_pro.utils.timing import PhaseTimes
@@ -82,15 +87,6 @@ def _best_checkpoint(trainer: Trainer) -> str | None:
     callback = trainer.checkpoint_callback
     path = getattr(callback, "best_model_path", "") if callback else ""
     return path or None
-
-
-def _remove_leftovers(output_dir: Path) -> None:
-    """Rank 0: temporary files of a killed earlier start (a checkpoint, an export half written) go first."""
-    if rank_zero_only.rank != 0:
-        return
-    for folder in (output_dir, output_dir / "checkpoints"):
-        for path in remove_stale_temporaries(folder):
-            log.info("removed %s, left by a run that was killed while writing it", path)
 
 
 def _format(metrics: dict[str, float]) -> str:
@@ -150,7 +146,7 @@ def set_up(cfg: DictConfig, times: PhaseTimes) -> Run:
     """Everything before the first validation: the run folder, resume decision, encoder, data, module, callbacks,
     loggers and trainer."""
     output_dir = start_run(cfg)
-    _remove_leftovers(output_dir)
+    remove_leftovers(output_dir)
     ckpt_path = resume_checkpoint(cfg.get("ckpt_path"), cfg.get("resume", "auto"), output_dir)
     config_changes = check_resumed_config(cfg, output_dir, ckpt_path)
     record_restart(output_dir, ckpt_path)
