@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import subprocess
@@ -59,8 +60,6 @@ def job_command(sweep: Path, cache: Path, steps: int, devices: int) -> list[str]
 
 
 def _env() -> dict[str, str]:
-    import os
-
     return {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
 
 
@@ -142,7 +141,7 @@ def storm(work: Path, preemptions: int, steps: int, devices: int, seed: int, tim
     deadline = started + timeout
     launcher = subprocess.Popen(job_command(sweep, cache, steps, devices), cwd=REPO, env=_env(),
                                 stdout=(work / "storm-launcher.log").open("w"), stderr=subprocess.STDOUT)
-    events = []
+    events, job_id = [], ""
     try:
         job_id = _job_id(sweep, deadline)
         for index, moment in enumerate(moments(preemptions, rng)):
@@ -154,7 +153,8 @@ def storm(work: Path, preemptions: int, steps: int, devices: int, seed: int, tim
     finally:
         if launcher.poll() is None:
             launcher.kill()
-            subprocess.run(["scancel", job_id], capture_output=True)
+            if job_id:
+                subprocess.run(["scancel", job_id], capture_output=True)
     if launcher.returncode != 0:
         raise RuntimeError(f"the storm's launcher exited {launcher.returncode}: see {work / 'storm-launcher.log'}")
     same_weights, same_metrics = identical(sweep / "0", work / "reference" / "0")
