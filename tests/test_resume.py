@@ -297,3 +297,24 @@ def test_each_restart_is_logged_and_recorded_with_its_step_and_slurm_requeue(tmp
     assert [r["restart"] for r in restart_history(tmp_path)] == [1, 2, 3]
     record_restart(tmp_path, None)
     assert restart_history(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_a_run_resumed_at_an_epoch_end_writes_checkpoints_that_resume_exactly(make_cfg, tmp_path: Path):
+    """A checkpoint due at an epoch's last batch is saved one step later. Saved there (inside the epoch, before
+    Lightning closes it), the run resumed from it trained on correctly, but Lightning never counted the next epoch as
+    started, and the checkpoint *that* run wrote two steps later resumed into the wrong batch indices: the weights
+    differed (found by SIGTERM at step 10 of a 10-batch epoch in scripts/fault_injection.py under DDP)."""
+    run = [*RUN, "callbacks.last_checkpoint.every_n_steps=1"]
+    reference = tmp_path / "reference"
+    train(make_cfg(run, output_dir=reference))
+    per_epoch = json.loads((reference / "metrics.json").read_text())["global_step"] // 2
+    stopped = tmp_path / "stopped"
+    for crash_at in (per_epoch + 1, per_epoch + 3):
+        with pytest.raises(Crash):
+            train(make_cfg([*run, "+callbacks.crash._target_=tests.test_resume.CrashAt",
+                            f"+callbacks.crash.step={crash_at}"], output_dir=stopped))
+        saved = torch.load(stopped / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+        assert saved != per_epoch and saved <= crash_at
+    train(make_cfg(run, output_dir=stopped))
+    _assert_same_run(stopped, reference)

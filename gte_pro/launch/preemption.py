@@ -98,6 +98,8 @@ class PreemptionCheckpoint(Callback):
             return
         if trainer.fit_loop.epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher):
             return  # a validation is due: saving before it would resume as if it had run (LastCheckpoint's rule)
+        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            return  # an epoch's last batch: save at the next step (gte_pro.training.callbacks.ends_epoch says why)
         preempted, self._agreed = self._agreed, None
         path = self.output_dir / "checkpoints" / "last.ckpt"
         trainer.save_checkpoint(path)

@@ -112,6 +112,13 @@ class ValidationRecord(Callback):
 TIME_CHECK_EVERY = 10  # optimizer steps between two checks of every_n_minutes
 
 
+def ends_epoch(trainer: Trainer) -> bool:
+    """Whether the batch just trained is its epoch's last: a checkpoint saved here (inside the epoch, before
+    Lightning closes it) resumes correctly once, but Lightning's loop then never counts the next epoch as started,
+    and every later checkpoint of that run resumes into the wrong batch indices (a resumed run's weights differ)."""
+    return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+
+
 class LastCheckpoint(Checkpoint):
     """``<dirpath>/last.ckpt``, the checkpoint a killed run resumes from: every ``every_n_steps`` optimizer steps
     and/or every ``every_n_minutes`` minutes, after every validation during fit, and when training ends (so that a
@@ -119,8 +126,11 @@ class LastCheckpoint(Checkpoint):
 
     A save never lands between an optimizer step and the validation due right after it: Lightning restarts such a
     checkpoint as if that validation had run (it fast-forwards it), so the save waits for ``on_validation_end``.
-    Under DDP every rank takes the same decision (steps are the same everywhere; the time is rank 0's, broadcast
-    every ``TIME_CHECK_EVERY`` steps only, so a time-based save may come up to that many steps late).
+    Nor after an epoch's last batch: a run resumed from there trains on correctly, but Lightning does not count the
+    next epoch as started, so the checkpoints *that* run writes resume into the wrong batch indices; such a save
+    comes one step later (``ends_epoch``). Under DDP every rank takes the same decision (steps are the same
+    everywhere; the time is rank 0's, broadcast every ``TIME_CHECK_EVERY`` steps only, so a time-based save may come
+    up to that many steps late).
     """
 
     def __init__(self, dirpath: str, every_n_steps: int | None = 100, every_n_minutes: float | None = 10.0) -> None:
@@ -129,6 +139,7 @@ class LastCheckpoint(Checkpoint):
         self.every_n_seconds = every_n_minutes * 60 if every_n_minutes else None
         self._last_saved = time.monotonic()
         self._step_seen = -1
+        self._pending = False  # due at an epoch's last batch: saved at the next step
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._last_saved = time.monotonic()
@@ -137,6 +148,7 @@ class LastCheckpoint(Checkpoint):
     def _save(self, trainer: Trainer) -> None:
         trainer.save_checkpoint(self.path)
         self._last_saved = time.monotonic()
+        self._pending = False
 
     def _due(self, trainer: Trainer) -> bool:
         step = trainer.global_step
@@ -150,11 +162,14 @@ class LastCheckpoint(Checkpoint):
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         stepped = trainer.global_step != self._step_seen  # False inside gradient accumulation
         self._step_seen = trainer.global_step
-        if not stepped or not self._due(trainer):
+        if not stepped or not (self._due(trainer) or self._pending):  # _due first: its collective runs on every rank
             return
         epoch_loop = trainer.fit_loop.epoch_loop
         if epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher):
             return  # validation runs next: on_validation_end saves
+        if ends_epoch(trainer):
+            self._pending = True
+            return
         self._save(trainer)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
