@@ -97,9 +97,10 @@ def record_restart(output_dir: Path, ckpt_path: str | None) -> dict[str, Any] | 
     """Log and append to ``<run>/restarts.jsonl`` (rank 0) what this start resumes from: the checkpoint, its step
     and epoch, and the SLURM job and requeue count when there is one. A preempted job's history is then one file:
     how many times it came back and what each restart continued from. A start from scratch clears the history."""
+    if rank_zero_only.rank != 0:  # one line and one record per start, whatever the number of ranks
+        return None
     if ckpt_path is None:
-        if rank_zero_only.rank == 0:
-            (output_dir / RESTARTS).unlink(missing_ok=True)
+        (output_dir / RESTARTS).unlink(missing_ok=True)
         return None
     checkpoint = torch.load(ckpt_path, map_location="cpu", mmap=True, weights_only=True)
     earlier = restart_history(output_dir)
@@ -111,13 +112,12 @@ def record_restart(output_dir: Path, ckpt_path: str | None) -> dict[str, Any] | 
              if entry["slurm_job_id"] else "")
     log.info("resuming from %s (step %d, epoch %d): restart %d of this run folder%s", ckpt_path, entry["step"],
              entry["epoch"], entry["restart"], slurm)
-    if rank_zero_only.rank == 0:
-        path = output_dir / RESTARTS
-        cut = path.is_file() and not path.read_bytes().endswith(b"\n")  # a kill during the last append
-        with path.open("a", encoding="utf-8") as out:
-            out.write(("\n" if cut else "") + json.dumps(entry) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
+    path = output_dir / RESTARTS
+    cut = path.is_file() and not path.read_bytes().endswith(b"\n")  # a kill during the last append
+    with path.open("a", encoding="utf-8") as out:
+        out.write(("\n" if cut else "") + json.dumps(entry) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
     return entry
 
 
