@@ -35,8 +35,9 @@ from gte_pro.modes.build import build_encoder, build_module, build_trainer
 from gte_pro.train import train
 from gte_pro.training import gradcache
 from gte_pro.training.gradcache import cached_loss, cached_step, split_features
-from gte_pro.training.losses import GTELoss, InfoNCELoss, LossOutput, _at_least_fp32, split_documents
+from gte_pro.training.losses import GTELoss, InfoNCELoss, LossOutput, split_documents
 from gte_pro.training.module import ContrastiveModule
+from gte_pro.training.partition import at_least_fp32
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
         "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
@@ -79,7 +80,7 @@ def _chunked_step(encoder: Encoder, loss_fn, batch: dict[str, Any], mini_batch_s
     with precision or contextlib.nullcontext():
         query = torch.cat([encoder(**c) for c in split_features(batch["query"], mini_batch_size)])
         docs = torch.cat([encoder(**c) for c in split_features(batch["doc"], mini_batch_size)])
-    query, docs = _at_least_fp32(query), _at_least_fp32(docs)
+    query, docs = at_least_fp32(query), at_least_fp32(docs)
     out = loss_fn(query, *split_documents(docs, query.shape[0], batch["num_negatives"]))
     out.loss.backward()
     return out

@@ -41,13 +41,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from gte_pro.errors import ConfigError
-from gte_pro.training.losses import LossOutput, _at_least_fp32, split_documents
+from gte_pro.training.losses import LossOutput, split_documents
+from gte_pro.training.partition import at_least_fp32
 
 Features = Mapping[str, torch.Tensor]
 Gradients = list[torch.Tensor | None]
@@ -213,7 +214,7 @@ def embed_cached(
             embeddings.append(encoder(**chunk))
     trainable = _trainable(encoder, params)
     replay = _Replay(encoder, trainable, chunks, states, AutocastState.capture(device.type), device)
-    return _CachedEmbeddings.apply(replay, _at_least_fp32(torch.cat(embeddings)), *trainable)
+    return _CachedEmbeddings.apply(replay, at_least_fp32(torch.cat(embeddings)), *trainable)
 
 
 def cached_loss(
@@ -253,4 +254,4 @@ def cached_step(
     """``cached_loss`` and its backward, for plain loops (benchmarks): gradients in ``.grad``, the loss detached."""
     out = cached_loss(encoder, loss_fn, query_features, doc_features, num_negatives, mini_batch_size, params)
     out.loss.backward()
-    return LossOutput(out.loss.detach(), out.scores, out.labels)
+    return replace(out, loss=out.loss.detach())

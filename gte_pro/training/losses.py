@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gte_pro.errors import ConfigError
+from gte_pro.training.partition import contrastive_cross_entropy
 from gte_pro.training.quantization_aware import fit_ranges_buffer, quantized_batch, ranges_for_step
 from gte_pro.utils.distributed import is_distributed
 
@@ -31,11 +32,8 @@ class LossOutput:
     # this rank's query and positive embeddings (detached, full width), for the telemetry (gte_pro.training.telemetry)
     query: torch.Tensor | None = None
     positive: torch.Tensor | None = None
-
-
-def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
-    """Softmax over 1/temperature-scaled scores in bf16/fp16 loses the ranking signal: compute it in fp32+."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
+    # loss.false_negative_margin: the share of this rank's negative candidates masked (detached); None: off
+    masked_share: torch.Tensor | None = None
 
 
 def split_documents(docs: torch.Tensor, batch_size: int,
@@ -133,6 +131,10 @@ class ContrastiveLoss(nn.Module, abc.ABC):
     embedding, for each d, so that truncated embeddings keep working. The embeddings are gathered across devices
     once, at full width, and truncated after. Subclasses compute one loss in ``_loss``.
 
+    ``false_negative_margin`` and ``hardness_alpha`` (``gte_pro.training.partition``): what each query's softmax
+    keeps and how it weighs its negatives, applied the same way to every loss's partition function
+    (``_cross_entropy``).
+
     ``quantization_aware`` (``gte_pro.training.quantization_aware``): plus ``quantization_weight`` times ``_loss`` on
     the int8/binary embeddings (straight-through), at full width only; the int8 ranges are the checkpointed buffer
     ``quantization_ranges``, registered only then (other runs' state dicts are unchanged).
@@ -145,7 +147,8 @@ class ContrastiveLoss(nn.Module, abc.ABC):
                  mini_batch_size: int | None = None, max_skipped_steps: int = 10,
                  similarity: str = "cosine", matryoshka_dims: Sequence[int] | None = None,
                  matryoshka_weights: Sequence[float] | None = None, quantization_aware: Sequence[str] = (),
-                 quantization_weight: float = 1.0) -> None:
+                 quantization_weight: float = 1.0, false_negative_margin: float | None = None,
+                 hardness_alpha: float = 0.0) -> None:
         super().__init__()
         # the values come checked (gte_pro.config.checks, from gte_pro/config/schema/loss.py)
         self.temperature = float(temperature)
@@ -156,6 +159,9 @@ class ContrastiveLoss(nn.Module, abc.ABC):
         self.matryoshka_dims, self.matryoshka_weights = _matryoshka(matryoshka_dims, matryoshka_weights)
         self.quantization_aware = tuple(quantization_aware or ())
         self.quantization_weight = float(quantization_weight)
+        # what each row's softmax keeps and how it weighs it: gte_pro.training.partition
+        self.false_negative_margin = None if false_negative_margin is None else float(false_negative_margin)
+        self.hardness_alpha = float(hardness_alpha)
         if self.quantization_aware:  # (2, dim) once the first training batch has been seen
             self.register_buffer("quantization_ranges", torch.empty(2, 0))
             self._register_load_state_dict_pre_hook(fit_ranges_buffer, with_module=True)
@@ -186,14 +192,14 @@ class ContrastiveLoss(nn.Module, abc.ABC):
         outputs = [self._loss(batch.truncated(d)) for d in self.matryoshka_dims]
         loss = sum(w * out.loss for w, out in zip(self.matryoshka_weights, outputs, strict=True))
         widest = outputs[self.matryoshka_dims.index(max(self.matryoshka_dims))]  # scores for the train metrics
-        return LossOutput(loss, widest.scores, widest.labels)
+        return replace(widest, loss=loss)
 
     def _with_quantized(self, batch: GlobalBatch, out: LossOutput) -> LossOutput:
         """``out`` plus the weighted loss on each quantized space (a training step moves the int8 ranges first)."""
         ranges = ranges_for_step(self, batch.candidates)
         loss = out.loss + sum(self.quantization_weight * self._quantized_loss(batch, p, ranges).loss
                               for p in self.quantization_aware)
-        return LossOutput(loss, out.scores, out.labels)
+        return replace(out, loss=loss)
 
     def _quantized_loss(self, batch: GlobalBatch, precision: str, ranges: torch.Tensor) -> LossOutput:
         """``_loss`` on the quantized embeddings, scored by the inner product as ``eval.quantization`` ranks."""
@@ -206,6 +212,12 @@ class ContrastiveLoss(nn.Module, abc.ABC):
     @abc.abstractmethod
     def _loss(self, batch: GlobalBatch) -> LossOutput:
         """One loss over the gathered batch (at one width): each loss class's own."""
+
+    def _cross_entropy(self, scores: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Each row's softmax cross-entropy at ``labels`` with this loss's temperature, false-negative margin and
+        hardness weighting: (mean loss, masked share or None)."""
+        return contrastive_cross_entropy(scores, labels, self.temperature, self.false_negative_margin,
+                                         self.hardness_alpha)
 
     def _scored(self, *embeddings: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         """The embeddings in the space they are scored in: unit length for cosine similarity."""
@@ -234,8 +246,8 @@ class InfoNCELoss(ContrastiveLoss):
         query, candidates = self._scored(batch.query, batch.candidates)
         scores = query @ candidates.T
         labels = torch.arange(query.shape[0], device=query.device) + batch.offset
-        loss = F.cross_entropy(_at_least_fp32(scores) / self.temperature, labels)
-        return LossOutput(loss, scores.detach(), labels)
+        loss, masked_share = self._cross_entropy(scores, labels)
+        return LossOutput(loss, scores.detach(), labels, masked_share=masked_share)
 
 
 class GTELoss(ContrastiveLoss):
@@ -257,11 +269,13 @@ class GTELoss(ContrastiveLoss):
                  max_skipped_steps: int = 10, similarity: str = "cosine",
                  matryoshka_dims: Sequence[int] | None = None,
                  matryoshka_weights: Sequence[float] | None = None, quantization_aware: Sequence[str] = (),
-                 quantization_weight: float = 1.0) -> None:
+                 quantization_weight: float = 1.0, false_negative_margin: float | None = None,
+                 hardness_alpha: float = 0.0) -> None:
         super().__init__(temperature=temperature, gather_across_devices=gather_across_devices,
                          mini_batch_size=mini_batch_size, max_skipped_steps=max_skipped_steps, similarity=similarity,
                          matryoshka_dims=matryoshka_dims, matryoshka_weights=matryoshka_weights,
-                         quantization_aware=quantization_aware, quantization_weight=quantization_weight)
+                         quantization_aware=quantization_aware, quantization_weight=quantization_weight,
+                         false_negative_margin=false_negative_margin, hardness_alpha=hardness_alpha)
         self.mask_own_negatives = mask_own_negatives
 
     needs_all_queries = True
@@ -277,9 +291,9 @@ class GTELoss(ContrastiveLoss):
         doc_query = _mask(positive @ queries_all.T, labels[:, None])
         doc_doc = _mask(positive @ candidates.T,
                         self._doc_doc_excluded(labels, queries_all.shape[0], batch.num_negatives))
-        logits = _at_least_fp32(torch.cat([query_doc, query_query, doc_query, doc_doc], dim=1)) / self.temperature
-        loss = F.cross_entropy(logits, labels)
-        return LossOutput(loss, query_doc.detach(), labels)
+        loss, masked_share = self._cross_entropy(torch.cat([query_doc, query_query, doc_query, doc_doc], dim=1),
+                                                 labels)
+        return LossOutput(loss, query_doc.detach(), labels, masked_share=masked_share)
 
     def _doc_doc_excluded(self, labels: torch.Tensor, num_positives: int, k: int) -> torch.Tensor:
         """(B_local, n) candidate columns each local positive d_i is not compared with in doc->doc: itself, and with

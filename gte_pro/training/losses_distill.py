@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 
 from gte_pro.errors import ConfigError
 from gte_pro.scoring.teacher_file import NO_RECORD_TEMPERATURE
-from gte_pro.training.losses import GlobalBatch, InfoNCELoss, LossOutput, _at_least_fp32
+from gte_pro.training.losses import GlobalBatch, InfoNCELoss, LossOutput
+from gte_pro.training.partition import at_least_fp32
 
 
 class _DistillationLoss(InfoNCELoss):
@@ -36,11 +38,13 @@ class _DistillationLoss(InfoNCELoss):
                  mini_batch_size: int | None = None, max_skipped_steps: int = 10, similarity: str = "cosine",
                  matryoshka_dims: Sequence[int] | None = None,
                  matryoshka_weights: Sequence[float] | None = None, allow_weak_teacher: bool = False,
-                 quantization_aware: Sequence[str] = (), quantization_weight: float = 1.0) -> None:
+                 quantization_aware: Sequence[str] = (), quantization_weight: float = 1.0,
+                 false_negative_margin: float | None = None, hardness_alpha: float = 0.0) -> None:
         super().__init__(temperature=temperature, gather_across_devices=gather_across_devices,
                          mini_batch_size=mini_batch_size, max_skipped_steps=max_skipped_steps, similarity=similarity,
                          matryoshka_dims=matryoshka_dims, matryoshka_weights=matryoshka_weights,
-                         quantization_aware=quantization_aware, quantization_weight=quantization_weight)
+                         quantization_aware=quantization_aware, quantization_weight=quantization_weight,
+                         false_negative_margin=false_negative_margin, hardness_alpha=hardness_alpha)
         self.weight_infonce = float(weight_infonce)
         # judged before the run starts (gte_pro.config.cross_keys.weak_teacher_problems); kept for the record
         self.allow_weak_teacher = bool(allow_weak_teacher)
@@ -51,7 +55,7 @@ class _DistillationLoss(InfoNCELoss):
         loss = self.distill(student, teacher)
         if self.weight_infonce:
             loss = loss + self.weight_infonce * infonce.loss
-        return LossOutput(loss, infonce.scores, infonce.labels)
+        return replace(infonce, loss=loss)
 
     def own_scores(self, batch: GlobalBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """(student, teacher), each (B_local, 1 + k): each query's scores of its positive, then its k negatives."""
@@ -67,7 +71,7 @@ class _DistillationLoss(InfoNCELoss):
         if teacher.shape != student.shape:
             raise ValueError(f"teacher_scores has shape {tuple(teacher.shape)}, expected {tuple(student.shape)} "
                              "(batch size, 1 + num_negatives)")
-        return _at_least_fp32(student), _at_least_fp32(teacher.detach())
+        return at_least_fp32(student), at_least_fp32(teacher.detach())
 
     @abc.abstractmethod
     def distill(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
@@ -99,12 +103,14 @@ class DistillKLLoss(_DistillationLoss):
                  gather_across_devices: bool = True, mini_batch_size: int | None = None, max_skipped_steps: int = 10,
                  similarity: str = "cosine", matryoshka_dims: Sequence[int] | None = None,
                  matryoshka_weights: Sequence[float] | None = None, allow_weak_teacher: bool = False,
-                 quantization_aware: Sequence[str] = (), quantization_weight: float = 1.0) -> None:
+                 quantization_aware: Sequence[str] = (), quantization_weight: float = 1.0,
+                 false_negative_margin: float | None = None, hardness_alpha: float = 0.0) -> None:
         super().__init__(temperature=temperature, weight_infonce=weight_infonce, allow_weak_teacher=allow_weak_teacher,
                          gather_across_devices=gather_across_devices, mini_batch_size=mini_batch_size,
                          max_skipped_steps=max_skipped_steps, similarity=similarity, matryoshka_dims=matryoshka_dims,
                          matryoshka_weights=matryoshka_weights, quantization_aware=quantization_aware,
-                         quantization_weight=quantization_weight)
+                         quantization_weight=quantization_weight,
+                         false_negative_margin=false_negative_margin, hardness_alpha=hardness_alpha)
         # a run resolves auto from the training file's teacher record (gte_pro.scoring.teacher_file, through
         # gte_pro.modes.build.module_config) before it builds the loss; built without a run, auto is that of a file
         # without a record
@@ -143,12 +149,14 @@ class MarginMSELoss(_DistillationLoss):
                  mini_batch_size: int | None = None, max_skipped_steps: int = 10, similarity: str = "dot",
                  matryoshka_dims: Sequence[int] | None = None,
                  matryoshka_weights: Sequence[float] | None = None, allow_weak_teacher: bool = False,
-                 quantization_aware: Sequence[str] = (), quantization_weight: float = 1.0) -> None:
+                 quantization_aware: Sequence[str] = (), quantization_weight: float = 1.0,
+                 false_negative_margin: float | None = None, hardness_alpha: float = 0.0) -> None:
         super().__init__(temperature=temperature, weight_infonce=weight_infonce, allow_weak_teacher=allow_weak_teacher,
                          gather_across_devices=gather_across_devices, mini_batch_size=mini_batch_size,
                          max_skipped_steps=max_skipped_steps, similarity=similarity, matryoshka_dims=matryoshka_dims,
                          matryoshka_weights=matryoshka_weights, quantization_aware=quantization_aware,
-                         quantization_weight=quantization_weight)
+                         quantization_weight=quantization_weight,
+                         false_negative_margin=false_negative_margin, hardness_alpha=hardness_alpha)
 
     def distill(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
         teacher_margin = teacher[:, :1] - teacher[:, 1:]

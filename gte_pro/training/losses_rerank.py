@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from gte_pro.errors import ConfigError
-from gte_pro.training.losses import LossOutput, _at_least_fp32
+from gte_pro.training.losses import LossOutput
+from gte_pro.training.partition import at_least_fp32
 
 
 def _positive_first_labels(logits: torch.Tensor) -> torch.Tensor:
@@ -39,7 +40,7 @@ class ListwiseLoss(nn.Module):
             raise ConfigError("loss=listwise needs hard negatives to rank the positive against: set "
                              "data.num_negatives >= 1 (rows with fewer get other rows' positives)")
         labels = _positive_first_labels(logits)
-        loss = F.cross_entropy(_at_least_fp32(logits) / self.temperature, labels)
+        loss = F.cross_entropy(at_least_fp32(logits) / self.temperature, labels)
         return LossOutput(loss=loss, scores=logits, labels=labels)
 
 
@@ -58,7 +59,7 @@ class PointwiseBCELoss(nn.Module):
         self.max_skipped_steps = max_skipped_steps
 
     def forward(self, logits: torch.Tensor) -> LossOutput:
-        logits_fp32 = _at_least_fp32(logits)
+        logits_fp32 = at_least_fp32(logits)
         targets = torch.zeros_like(logits_fp32)
         targets[:, 0] = 1.0
         weight = None if self.pos_weight is None else torch.tensor(self.pos_weight, device=logits.device)

@@ -101,7 +101,7 @@ class ContrastiveModule(TrainingModule):
             return
         self._telemetry_step = step  # accumulated micro-batches share their step: the first one's figures
         figures = step_telemetry(out.scores, out.labels, out.query, out.positive, batch["num_negatives"],
-                                 batch.get("teacher_scores"))
+                                 batch.get("teacher_scores"), out.masked_share)
         for logger in self.loggers:
             logger.log_metrics(figures, step=step)
 

@@ -50,6 +50,13 @@ class InfoNCESchema:
     max_skipped_steps: int = setting(10, "an optimizer step whose loss or gradient norm is NaN/inf is skipped; the "
                                      "skip after this many stops the run, naming the step and rows; 0: stop at the "
                                      "first", integer(0))
+    false_negative_margin: float | None = setting(
+        None, "false-negative masking: a candidate (another row's positive, a hard negative, GTE's extra terms) "
+        "scored above the query's positive by more than this leaves the softmax's denominator (Qwen3-Embedding: "
+        "0.1); null: off (docs/losses.md)", number(0, optional=True))
+    hardness_alpha: float = setting(0.0, "hardness weighting: each negative's term weighted by a detached "
+                                    "exp(alpha * score), normalised to mean 1 per query (LLaVE; EmbeddingGemma: 5); "
+                                    "0: off, plain InfoNCE (docs/losses.md)", number(0))
 
 
 @dataclass
