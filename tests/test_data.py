@@ -79,9 +79,12 @@ def test_zero_rows_after_cleaning_is_an_error_naming_the_reasons(tmp_path: Path,
 
 
 def test_jsonl_module_holds_out_a_stable_validation_split(pairs_file: Path, tokenizer):
-    first = JsonlDataModule(train_file=str(pairs_file), tokenizer=tokenizer, val_fraction=0.2, batch_size=4)
+    # the held-out part of the corpus only (data.val_distractors=0): tests/test_validation_corpus.py adds the rest
+    first = JsonlDataModule(train_file=str(pairs_file), tokenizer=tokenizer, val_fraction=0.2, batch_size=4,
+                            val_distractors=0)
     first.setup("fit")
-    second = JsonlDataModule(train_file=str(pairs_file), tokenizer=tokenizer, val_fraction=0.2, batch_size=4)
+    second = JsonlDataModule(train_file=str(pairs_file), tokenizer=tokenizer, val_fraction=0.2, batch_size=4,
+                             val_distractors=0)
     second.setup("fit")
     assert first.retrieval.queries == second.retrieval.queries
     assert 0 < len(first.retrieval.queries) < 60
@@ -264,7 +267,8 @@ def test_hf_module_maps_columns_and_names_missing_ones(tmp_path: Path, tokenizer
 
 def test_val_file_is_used_when_given(tmp_path: Path, pairs_file: Path, tokenizer):
     val = write_jsonl(tmp_path / "val.jsonl", [json.loads(line) for line in pairs_file.read_text().splitlines()[:5]])
-    module = JsonlDataModule(train_file=str(pairs_file), val_file=str(val), tokenizer=tokenizer, batch_size=4)
+    module = JsonlDataModule(train_file=str(pairs_file), val_file=str(val), tokenizer=tokenizer, batch_size=4,
+                             val_distractors=0)
     module.setup("fit")
     assert len(module.retrieval.queries) == 5 and len(module.train_rows) == 60
     # the validation loader embeds each of the file's 5 queries and each corpus document (5 positives and their

@@ -199,6 +199,15 @@ class TokenizedCache:
         return Example(row["query_text"], row["positive_texts"], row["negative_texts"], row.get("pos_scores"),
                        row.get("neg_scores"))
 
+    def documents(self, rows: np.ndarray) -> Iterator[str]:
+        """The positives, then the negatives, of each of ``rows`` (row indices) in that order, from the text columns
+        (no token is touched)."""
+        positives = self.table.data.column("positive_texts").take(rows).to_pylist()
+        negatives = self.table.data.column("negative_texts").take(rows).to_pylist()
+        for row_positives, row_negatives in zip(positives, negatives, strict=True):
+            yield from row_positives
+            yield from row_negatives
+
     def validation(self) -> tuple[list[Example], list[str]]:
         val = [Example(q, positives, negatives) for q, positives, negatives in self.meta["val"]]
         return val, self.meta["distractors"]

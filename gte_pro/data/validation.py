@@ -1,19 +1,80 @@
 """What a data module serves besides training batches: its validation sets (the held-out split first, then the
 named ``eval.beir`` sets) as loaders of token ids for an embedder, or, for a reranker (``task=rerank``), of each
-query's candidate pairs; and how a training batch is collated (texts, or a reranker's joined pairs)."""
+query's candidate pairs; and how a training batch is collated (texts, or a reranker's joined pairs).
+
+The held-out split is searched over every document of the data, not only over the held-out positives: the training
+rows' positives and negatives join its corpus as distractors (``data.val_distractors`` of them at most). A held-out
+query found among a hundred documents is found by any model (NDCG@10 ~0.98 before training), and a validation that
+scores every recipe alike cannot pick the best checkpoint, stop early or rank a sweep. ``validation_warnings`` says
+when the split is still too small or too easy to tell recipes apart, and what gives a better one.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase
 
+from gte_pro.data.cache import TokenizedCache
 from gte_pro.data.collaborators import CandidateSource, EvalSetSource, PairJoiner
 from gte_pro.data.collate import CandidateCollator, EvalCollator, GroupCollator, TokenCollator
 from gte_pro.data.datasets import CandidatePairs, EvalTextsCache
 from gte_pro.retrieval import RetrievalSet
+
+log = logging.getLogger(__name__)
+
+# a held-out split below these sizes, or this good before training, cannot tell recipes apart: the log says so
+MIN_VAL_QUERIES = 100
+MIN_VAL_DOCUMENTS = 1000
+SATURATED_NDCG = 0.95
+BETTER_VALIDATION = ("a larger, harder validation: data.val_file=<a file of held-out rows>, "
+                     "eval.beir=[<a BEIR folder>], or more distractors (data.val_distractors=null: every document)")
+_ROWS_PER_READ = 1024
+
+
+def training_distractors(cache: TokenizedCache, limit: int | None, known: Sequence[str] = ()) -> list[str]:
+    """Up to ``limit`` distinct documents of the training rows (each row's positives, then its negatives) that are
+    not in ``known``; None: all of them. The rows are read in one fixed pseudo-random order (seed 0, whatever
+    ``data.seed`` is): every run on the same data validates on the same corpus, and a capped corpus samples the
+    whole data, not its first rows."""
+    if limit == 0 or not len(cache):
+        return []
+    order = np.random.default_rng(0).permutation(len(cache))
+    seen, found = set(known), {}
+    for start in range(0, len(order), _ROWS_PER_READ):
+        for text in cache.documents(order[start:start + _ROWS_PER_READ]):
+            if text not in seen:
+                found.setdefault(text, None)
+                if limit is not None and len(found) >= limit:
+                    return list(found)
+    return list(found)
+
+
+def validation_warnings(retrieval: RetrievalSet, name: str = "held-out split") -> list[str]:
+    """What makes this validation set unable to tell recipes apart, as lines for the log (none: fine)."""
+    queries, documents = len(retrieval.queries), len(retrieval.corpus)
+    if queries >= MIN_VAL_QUERIES and documents >= MIN_VAL_DOCUMENTS:
+        return []
+    return [f"validation: the {name} has {queries} queries over {documents} documents (fewer than "
+            f"{MIN_VAL_QUERIES} queries or {MIN_VAL_DOCUMENTS} documents): its NDCG@10 moves by whole queries and "
+            f"cannot tell close recipes apart (early stopping, best checkpoints and sweeps select on it); for "
+            f"{BETTER_VALIDATION}"]
+
+
+def saturation_warnings(before: dict[str, float]) -> list[str]:
+    """Validation sets whose NDCG@10 before training is already at the top: the run cannot show a gain on them."""
+    lines = []
+    for key, value in before.items():
+        if key.endswith("/ndcg@10") and value >= SATURATED_NDCG:
+            where = key.removesuffix("/ndcg@10").removeprefix("val").strip("/") or "held-out split"
+            lines.append(f"validation: NDCG@10 {value:.4f} on the {where} before training (>= {SATURATED_NDCG}): "
+                         "it is saturated and cannot tell recipes apart (early stopping, best checkpoints and sweeps "
+                         f"select on it); for {BETTER_VALIDATION}")
+    return lines
 
 
 class ValidationSets:

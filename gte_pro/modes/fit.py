@@ -20,6 +20,7 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
 from gte_pro.config.cross_keys import DISTILL_LOSSES
+from gte_pro.data.validation import saturation_warnings
 from gte_pro.errors import ConfigError
 from gte_pro.evaluation.report import below_val_before, merge_results, metrics_table, optimized_value
 from gte_pro.evaluation.sets import eval_set_source
@@ -224,6 +225,8 @@ def _validate_before(run: Run) -> dict[str, float] | None:
         return json.loads(record.read_text(encoding="utf-8")) if record.is_file() else None
     before = merge_results(run.trainer.validate(run.module, datamodule=run.datamodule, verbose=False))
     log.info("validation before training: %s", _format(before))
+    for line in saturation_warnings(before):
+        log.warning("%s", line)
     if run.trainer.is_global_zero:
         write_json_atomic(record, before)
     return before

@@ -33,6 +33,10 @@ class DataCommon:
         "with their own validation file or split use that instead)", number(0, 1, open_high=True))
     max_val_queries: int | None = setting(1000, "at most this many validation queries are scored (null: all)",
                                           integer(1, optional=True))
+    val_distractors: int | None = setting(
+        10000, "the held-out queries are searched over the held-out documents plus at most this many distinct "
+        "documents of the training rows (positives and negatives, a fixed sample), so that validation can tell "
+        "recipes apart; null: every document; 0: the held-out documents only", integer(0, optional=True))
     max_train_rows: int | None = setting(None, "cap on the training rows read (null: all)", integer(1, optional=True))
     min_query_chars: int = setting(3, "rows whose query is shorter than this are dropped (and counted)", integer(0))
     min_doc_chars: int = setting(10, "positives shorter than this are dropped; a row left without one is dropped",
