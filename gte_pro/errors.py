@@ -130,8 +130,13 @@ def _hydra_hint(error: BaseException, message: str) -> str:
 
     if isinstance(error, MissingConfigException) and getattr(error, "options", None):
         return "choose one of: " + ", ".join(error.options)
-    if match := re.search(r"To append to your config use (\S+)", message):
-        return f"check the key's spelling (`python train.py --cfg job` lists the keys) or add it: {match[1]}"
+    if match := re.search(r"To append to your config use \+(\S+?)=(\S*)", message):
+        from gte_pro.config.known_keys import may_be_added, spelling_hint
+
+        key, value = match[1], match[2]
+        if may_be_added(key):  # a Lightning argument conf/trainer lacks, a new callback: it is added with +
+            return f"add it with +: +{key}={value} (`python train.py --cfg job` prints the composed config)"
+        return spelling_hint({key: value})
     return "check the override's syntax: key=value, group=option, +new_key=value (see docs/configuration.md)"
 
 

@@ -1,0 +1,73 @@
+"""Traps a new user still met (issue 42, item 5): each refused before any model loads, with the two-line error.
+
+- a misspelled key: the fix names the nearest valid key (``+lr=1e-4``: ``model.lr``; ``+trainer.max_epoch=2``:
+  ``trainer.max_epochs``), not ``+key=value``; a key added with ``+`` that nothing reads is refused;
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gte_pro.config.checks import check_config
+from gte_pro.config.known_keys import nearest_key
+from gte_pro.errors import ConfigError, explain
+from tests.test_errors import _error_lines, _train
+
+
+# --- misspelled keys ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("override,meant", [
+    ("+lr=1e-4", "did you mean model.lr=0.0001?"),  # before: composed, trained, and nothing read it
+    ("+trainer.max_epoch=2", "did you mean trainer.max_epochs=2?"),  # before: a TypeError once the model loaded
+    ("+seeed=3", "did you mean seed=3?"),
+])
+def test_a_key_added_with_plus_that_nothing_reads_is_refused_with_the_nearest_key(make_cfg, override, meant):
+    with pytest.raises(ConfigError) as error:
+        check_config(make_cfg(["debug=fast", override]))
+    what, fix = explain(error.value)
+    assert override[1:].split("=")[0] in what and fix.startswith(meant), (what, fix)
+    assert "+" not in fix
+
+
+@pytest.mark.parametrize("overrides", [
+    ["+trainer.enable_checkpointing=false", "+trainer.limit_val_batches=0"],  # any Lightning Trainer argument
+    ["+callbacks.crash._target_=tests.probes.CrashAt", "+callbacks.crash.step=1"],  # a callback of one's own
+    ["+model.random_init_config.hidden_dropout_prob=0.0"],  # inside a dict-valued setting
+    ["+wandb_key=${oc.env:HOME}"],  # a user's variable for other keys to read
+])
+def test_the_keys_users_add_with_plus_still_pass(make_cfg, overrides):
+    check_config(make_cfg(["debug=fast", *overrides]))
+
+
+@pytest.mark.parametrize("wrong,value,near", [
+    ("modle", "tiny", "model"), ("lr", None, "model.lr"), ("data.lr", None, "model.lr"),
+    ("data.batchsize", None, "data.batch_size"), ("loss.temprature", None, "loss.temperature"),
+    ("mine.relative_margn", None, "mine.relative_margin"), ("trainer.max_epoch", None, "trainer.max_epochs"),
+    ("foo", None, None),
+])
+def test_the_nearest_key(wrong, value, near):
+    assert nearest_key(wrong, value) == near
+
+
+def test_a_key_hydra_refuses_is_answered_with_the_key_meant_not_with_plus():
+    from hydra import compose, initialize_config_dir
+
+    from tests.conftest import CONF
+
+    for override, fix in [("lr=1e-4", "did you mean model.lr=1e-4?"),
+                          ("trainer.enable_checkpointing=false", "add it with +: +trainer.enable_checkpointing=false")]:
+        with pytest.raises(Exception) as error, initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            compose("train", overrides=[override])
+        assert explain(error.value)[1].startswith(fix), explain(error.value)
+
+
+def test_the_command_line_refuses_a_misspelled_trainer_key_before_the_model_loads(tmp_path: Path):
+    proc = _train(["debug=fast", "+trainer.max_epoch=2"], tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    what, fix = _error_lines(proc)
+    assert what == ("error: invalid config: trainer.max_epoch: neither a Lightning Trainer argument nor a key of "
+                    "conf/trainer")
+    assert fix.startswith("  fix: did you mean trainer.max_epochs=2?")
+    assert "encoder" not in proc.stdout + proc.stderr  # no model was loaded
+
