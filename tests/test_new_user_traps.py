@@ -2,6 +2,7 @@
 
 - a misspelled key: the fix names the nearest valid key (``+lr=1e-4``: ``model.lr``; ``+trainer.max_epoch=2``:
   ``trainer.max_epochs``), not ``+key=value``; a key added with ``+`` that nothing reads is refused;
+- ``-m hydra/launcher=slurm`` on a machine without SLURM: two lines naming ``sbatch``, not a 40-line traceback;
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 
 from gte_pro.config.checks import check_config
 from gte_pro.config.known_keys import nearest_key
-from gte_pro.errors import ConfigError, explain
+from gte_pro.errors import ConfigError, UserError, explain
 from tests.test_errors import _error_lines, _train
 
 
@@ -71,3 +72,33 @@ def test_the_command_line_refuses_a_misspelled_trainer_key_before_the_model_load
     assert fix.startswith("  fix: did you mean trainer.max_epochs=2?")
     assert "encoder" not in proc.stdout + proc.stderr  # no model was loaded
 
+
+# --- hydra/launcher=slurm without SLURM ----------------------------------------------------------------------------
+def test_slurm_commands_are_looked_up_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from hydra_plugins.gte_pro_launcher.launchers import check_slurm_installed, slurm_missing
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # whatever this machine has installed (scripts/local_slurm.sh)
+    assert slurm_missing() == ["sbatch", "srun"]
+    with pytest.raises(UserError) as error:
+        check_slurm_installed()
+    what, fix = explain(error.value)
+    assert what.startswith("hydra/launcher=slurm: SLURM is not installed on this machine (`sbatch` and `srun` not "
+                           "on PATH)")
+    assert "SLURM login node" in fix and "drop hydra/launcher=slurm" in fix
+    for name in ("sbatch", "srun"):
+        (tmp_path / name).write_text("#!/bin/sh\n")
+        (tmp_path / name).chmod(0o755)
+    assert slurm_missing() == []
+
+
+def test_a_slurm_sweep_without_slurm_ends_in_two_lines(tmp_path: Path):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    proc = _train(["-m", "hydra/launcher=slurm", "debug=fast", f"hydra.sweep.dir={tmp_path / 'sweep'}"], tmp_path,
+                  PATH=str(empty))
+    assert proc.returncode == 2, proc.stderr[-3000:]  # before: rc 1 and submitit's RuntimeError about srun
+    assert "Traceback" not in proc.stderr
+    what, fix = _error_lines(proc)
+    assert what.startswith("error: hydra/launcher=slurm: SLURM is not installed on this machine (`sbatch` and "
+                           "`srun` not on PATH)")
+    assert "drop hydra/launcher=slurm" in fix
