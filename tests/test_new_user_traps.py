@@ -3,6 +3,8 @@
 - a misspelled key: the fix names the nearest valid key (``+lr=1e-4``: ``model.lr``; ``+trainer.max_epoch=2``:
   ``trainer.max_epochs``), not ``+key=value``; a key added with ``+`` that nothing reads is refused;
 - ``-m hydra/launcher=slurm`` on a machine without SLURM: two lines naming ``sbatch``, not a 40-line traceback;
+- ``loss=distill_kl`` on a scored file without negatives: refused by the config check (before: once the model had
+  loaded), and the fix says to mine negatives first (scoring adds none);
 """
 
 from __future__ import annotations
@@ -102,3 +104,44 @@ def test_a_slurm_sweep_without_slurm_ends_in_two_lines(tmp_path: Path):
     assert what.startswith("error: hydra/launcher=slurm: SLURM is not installed on this machine (`sbatch` and "
                            "`srun` not on PATH)")
     assert "drop hydra/launcher=slurm" in fix
+
+
+# --- distillation from scored rows without negatives -------------------------------------------------------------
+def _scored_without_negatives(path: Path, scored: bool = True) -> Path:
+    from tests.conftest import write_jsonl
+
+    return write_jsonl(path, [{"query": f"what is topic number {i}?", "pos": [f"Topic {i} covers item {i}."],
+                               **({"pos_scores": [0.9]} if scored else {})} for i in range(40)])
+
+
+def test_distilling_scored_rows_without_negatives_is_refused_before_the_model_loads(make_cfg, tmp_path: Path):
+    path = _scored_without_negatives(tmp_path / "scored.jsonl")
+    with pytest.raises(ConfigError) as error:  # before: passed, and the data module refused it after the model loaded
+        check_config(make_cfg(["debug=fast", "loss=distill_kl", "data=jsonl", f"data.train_file={path}"]))
+    what, fix = explain(error.value)
+    assert what == (f"invalid config: data.train_file={path}: loss=distill_kl distils the teacher's scores of each "
+                    "row's hard negatives, and no row of the file has any (scoring adds no negatives: mining does)")
+    assert fix.startswith(f"mine hard negatives first (python train.py mode=mine data=jsonl data.train_file={path})"
+                          ", score the mined file (python train.py mode=score")
+    assert "score the file first" not in fix  # before: the fix said to score it, which adds no negatives
+
+
+def test_an_unscored_file_without_negatives_is_told_to_mine_first(make_cfg, tmp_path: Path):
+    from gte_pro.config.checks import config_problems
+
+    path = _scored_without_negatives(tmp_path / "pairs.jsonl", scored=False)
+    problems = config_problems(make_cfg(["loss=margin_mse", "data=jsonl", f"data.train_file={path}"]))
+    assert any(p.startswith(f"data.train_file={path}: loss=margin_mse needs teacher scores") and
+               "mine hard negatives first" in p for p in problems), problems
+
+
+def test_the_data_modules_fix_says_to_mine_when_the_rows_have_scores_but_no_negatives():
+    from gte_pro.data.row_contents import distill_problem
+
+    what, fix = distill_problem("distill_kl", "f.jsonl", scored=True, negatives=0)
+    assert what == ("f.jsonl: loss=distill_kl needs hard negatives in the training rows, and they have none "
+                    "(scoring adds no negatives: mining does)")
+    assert fix.startswith("mine hard negatives first (python train.py mode=mine data=jsonl data.train_file=f.jsonl)")
+    what, fix = distill_problem("distill_kl", "f.jsonl", scored=False, negatives=3)
+    assert "teacher scores" in what and fix.startswith("score the file first")
+    assert distill_problem("distill_kl", "f.jsonl", scored=True, negatives=3) is None

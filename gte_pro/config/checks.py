@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from gte_pro.config.cross_keys import (
+    Problem,
     distill_problems,
     hydra_launcher_problems,
     lr_problems,
@@ -188,5 +189,7 @@ def check_config(cfg: DictConfig) -> None:
     problems = config_problems(cfg)
     if problems:
         unknown = list(_unknown_keys(cfg))
-        hint = _unknown_keys_hint(cfg, unknown) if unknown else None
+        fixes = [problem.fix for problem in problems if isinstance(problem, Problem)]
+        fixes += [_unknown_keys_hint(cfg, unknown)] if unknown else []
+        hint = "; ".join(fixes) if fixes else None
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems), hint=hint)
