@@ -5,6 +5,9 @@
 - ``-m hydra/launcher=slurm`` on a machine without SLURM: two lines naming ``sbatch``, not a 40-line traceback;
 - ``loss=distill_kl`` on a scored file without negatives: refused by the config check (before: once the model had
   loaded), and the fix says to mine negatives first (scoring adds none);
+- ``mode=mine`` that keeps no negative: an error, not a file of empty rows and exit 0; its report's dropped share is
+  of the candidates the window held, its ``model`` names the model that mined, its next command keeps ``model=`` and
+  ``debug=``.
 """
 
 from __future__ import annotations
@@ -145,3 +148,51 @@ def test_the_data_modules_fix_says_to_mine_when_the_rows_have_scores_but_no_nega
     what, fix = distill_problem("distill_kl", "f.jsonl", scored=False, negatives=3)
     assert "teacher scores" in what and fix.startswith("score the file first")
     assert distill_problem("distill_kl", "f.jsonl", scored=True, negatives=3) is None
+
+
+# --- mode=mine -----------------------------------------------------------------------------------------------------
+MINE = ["mode=mine", "debug=fast", "logger=none"]
+
+
+def test_mining_that_keeps_no_negative_is_an_error(make_cfg, tmp_path: Path):
+    from gte_pro.train import train
+
+    run = tmp_path / "mine"
+    with pytest.raises(ConfigError) as error:  # before: exit 0, no warning, and 64 rows with "negatives": []
+        train(make_cfg([*MINE, "mine.relative_margin=null", "mine.absolute_margin=2"], output_dir=run))
+    what, fix = explain(error.value)
+    assert what.startswith("mode=mine kept no negative for any of the 64 rows: mine.absolute_margin=2.0 dropped all ")
+    assert what.endswith(" candidates of the rank window [10, 100)")
+    assert fix == ("lower mine.absolute_margin=2.0 (null turns a margin off), or give more documents to mine from "
+                   "(mine.corpus_files=...), so that some survive")
+    assert not (run / "mined.jsonl").exists()
+
+
+def test_the_report_names_the_model_that_mined_the_share_of_real_candidates_and_the_run_overrides(
+        make_cfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys):
+    import json
+
+    from gte_pro.modes import mine
+    from gte_pro.train import train
+
+    overrides = ["mode=mine", "debug=fast", "model.lr=0.002", "mine.num_negatives=4", "data.max_length=64"]
+    monkeypatch.setattr(mine, "run_overrides", lambda: overrides)  # the command line's, as Hydra gives them
+    train(make_cfg([*MINE, "model.lr=0.002", "mine.num_negatives=4"], output_dir=tmp_path / "mine"))
+    report = json.loads((tmp_path / "mine" / "mine_report.json").read_text())
+    # before: the packaged MiniLM's folder, whose tokenizer is all that the random model took from it
+    assert report["model"].startswith("a randomly initialised bert (2 layers, hidden size 64) with the tokenizer of ")
+    # 64 queries over a corpus of 64 documents: the window [10, 100) holds at most 53 of each query's candidates
+    assert report["window_candidates"] <= 64 * 54 < 64 * 90
+    share = report["dropped_false_negatives"] / report["window_candidates"]
+    assert report["dropped_share_of_window"] == round(share, 4)
+    command = [line for line in capsys.readouterr().out.splitlines() if line.startswith("train on it: ")][0]
+    assert command.endswith(" debug=fast model.lr=0.002")  # before: both dropped
+    assert "mine.num_negatives" not in command and "mode=mine" not in command
+
+
+def test_the_overrides_carried_to_the_training_command():
+    from gte_pro.mining.report import carried_overrides
+
+    assert carried_overrides(["mode=mine", "model=gte_small", "+model.random_init_config.hidden_size=8", "debug=fast",
+                              "data=jsonl", "data.train_file=x", "mine.range_max=50", "modelx=1"]) == [
+        "model=gte_small", "+model.random_init_config.hidden_size=8", "debug=fast"]
