@@ -11,6 +11,7 @@ scheduler, paths, ... and the ``_global_`` presets), the group names, and the Li
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import inspect
@@ -18,6 +19,8 @@ import re
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+
+from gte_pro import errors
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 # groups whose keys are free-form: a new callback, a launcher's sbatch option, a logger's argument
@@ -47,15 +50,25 @@ def _yaml_keys() -> set[str]:
     return keys
 
 
+def _schema_keys(schema: type, prefix: str = "") -> set[str]:
+    """The dotted keys of a schema, nested schemas (``data.remine.*``) flattened (as ``checks.schema_fields``)."""
+    keys = set()
+    for item in dataclasses.fields(schema):
+        if dataclasses.is_dataclass(item.type):
+            keys |= _schema_keys(item.type, f"{prefix}{item.name}.")
+        elif item.name != "_target_":
+            keys.add(f"{prefix}{item.name}")
+    return keys
+
+
 @functools.cache
 def static_keys() -> frozenset[str]:
     """Every key of conf/ and of the schemas, without the Lightning Trainer's own arguments."""
-    from gte_pro.config.checks import schema_fields
     from gte_pro.config.schema import FIXED_SCHEMAS, SCHEMAS
 
     keys = {p.name for p in CONF.iterdir() if p.is_dir()} | _yaml_keys()
     for group, schema in [*FIXED_SCHEMAS.items(), *((g, s) for g, o in SCHEMAS.items() for s in o.values())]:
-        keys |= {f"{group}.{key}" if group else key for key, _ in schema_fields(schema)}
+        keys |= {f"{group}.{key}" if group else key for key in _schema_keys(schema)}
     return frozenset(keys)
 
 
@@ -120,3 +133,14 @@ def spelling_hint(wrong: dict[str, str]) -> str:
     if lost:
         hint += f"{', '.join(lost)} is like no key of the config: remove it; "
     return hint + "`python train.py --cfg job` prints the composed config and its keys"
+
+
+def fix_for_refused_key(key: str, value: str) -> str:
+    """The fix line when Hydra refuses ``key=value`` (no such key in the composed config): ``+key=value`` for a key
+    that may be added (a Lightning argument conf/trainer lacks, a new callback); else the nearest valid key."""
+    if may_be_added(key):
+        return f"add it with +: +{key}={value} (`python train.py --cfg job` prints the composed config)"
+    return spelling_hint({key: value})
+
+
+errors.unknown_key_fix = fix_for_refused_key
