@@ -20,6 +20,9 @@ EXIT_USER_ERROR = 2
 # HYDRA_FULL_ERROR=1 (set below so that Hydra hands every error to ``run_cli``) without taking it for the user's wish
 SHOW_TRACEBACK = "GTE_PRO_SHOW_TRACEBACK"
 CHECK_PATH = "check the path (a relative path is read from the folder you started the command in)"
+# the fix line for a key Hydra refused to override, (key, value) -> fix: gte_pro.config.known_keys sets it to one
+# that names the nearest valid key (this module is the package's floor and imports none of it)
+unknown_key_fix: Callable[[str, str], str] | None = None
 
 
 class UserError(Exception):
@@ -130,8 +133,11 @@ def _hydra_hint(error: BaseException, message: str) -> str:
 
     if isinstance(error, MissingConfigException) and getattr(error, "options", None):
         return "choose one of: " + ", ".join(error.options)
-    if match := re.search(r"To append to your config use (\S+)", message):
-        return f"check the key's spelling (`python train.py --cfg job` lists the keys) or add it: {match[1]}"
+    if match := re.search(r"To append to your config use \+(\S+?)=(\S*)", message):
+        if unknown_key_fix is not None:
+            return unknown_key_fix(match[1], match[2])
+        return (f"check the key's spelling (`python train.py --cfg job` lists the keys) or add it: "
+                f"+{match[1]}={match[2]}")
     return "check the override's syntax: key=value, group=option, +new_key=value (see docs/configuration.md)"
 
 

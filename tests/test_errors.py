@@ -54,7 +54,8 @@ def test_an_unknown_key_fails_before_the_job_with_two_lines(tmp_path):
     proc = _train(["modle=tiny"], tmp_path)
     assert proc.returncode == EXIT_USER_ERROR, proc.stderr
     what, fix = _error_lines(proc)
-    assert "'modle'" in what and "+modle=tiny" in fix
+    # the fix names the group the user meant, not `+modle=tiny`, which would only add the typo (issue 42)
+    assert "'modle'" in what and "did you mean model=tiny?" in fix and "+modle" not in fix
 
 
 def test_hydra_full_error_shows_the_traceback(tmp_path, array_on_line_4):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,7 @@ def _render_sbatch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, overrides: l
     from hydra.utils import instantiate
     from hydra_plugins.hydra_submitit_launcher import submitit_launcher
 
+
     def capture(self: Any, path: Any) -> Any:
         raise _Rendered(Path(path).read_text())
 
@@ -122,6 +124,8 @@ def _render_sbatch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, overrides: l
         cfg = compose("train", overrides=["hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path / 'sweep'}",
                                           *overrides], return_hydra_config=True)
     launcher = instantiate(cfg.hydra.launcher)
+    # and our own lookup of `sbatch` and `srun` (in the module Hydra's plugin scan imported)
+    monkeypatch.setattr(sys.modules[type(launcher).__module__], "slurm_missing", lambda: [])
     launcher.setup(hydra_context=None, task_function=None, config=cfg)
     launch = type(launcher).launch if checked else submitit_launcher.SlurmLauncher.launch
     with pytest.raises(_Rendered) as rendered:

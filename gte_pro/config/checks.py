@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
 from gte_pro.config.cross_keys import (
+    Problem,
     distill_problems,
     hydra_launcher_problems,
     lr_problems,
@@ -30,6 +31,7 @@ from gte_pro.config.cross_keys import (
     task_problems,
     topology_problems,
 )
+from gte_pro.config.known_keys import spelling_hint, static_keys, valid_keys
 from gte_pro.config.rules import Rule
 from gte_pro.config.schema import SCHEMAS, schema_for
 from gte_pro.config.schema.data import DataCommon
@@ -84,10 +86,11 @@ def key_rules(cfg: DictConfig) -> dict[str, Rule]:
             for key, item in schema_fields(schema) if item.metadata.get("rule") is not None}
 
 
-def _unknown_keys(cfg: DictConfig) -> list[str]:
-    """``+data.bogus=1`` composes (``+`` may add a key to a typed node), then would fail as ``unexpected keyword
-    argument``: name it and the schema's keys. The top level and the trainer take any key."""
-    problems = []
+def _unknown_keys(cfg: DictConfig) -> dict[str, str]:
+    """key -> problem, for each key no schema or conf/ file knows: ``+data.bogus=1`` composes (``+`` may add a key
+    to a typed node), then would fail as ``unexpected keyword argument`` (the schema's keys are listed);
+    ``+trainer.max_epoch=2`` would fail so once the model has loaded, and ``+lr=1e-4`` would be read by nothing."""
+    problems = {}
     for prefix, schema in _schemas_of(cfg):
         if prefix in ("", "trainer."):
             continue
@@ -96,9 +99,36 @@ def _unknown_keys(cfg: DictConfig) -> list[str]:
         written = {key for key, _ in _leaves(node) if key.split(".")[0] not in _HYDRA_KEYS}
         # a dict-valued setting (model.lora, data.sources, ...) is one key however deep its value
         unknown = sorted(key for key in written if not any(key == k or key.startswith(f"{k}.") for k in known))
-        problems += [f"{prefix}{key}: not a setting of {schema.__name__}; valid keys: {', '.join(sorted(known))}"
-                     for key in unknown]
+        problems |= {f"{prefix}{key}": f"{prefix}{key}: not a setting of {schema.__name__}; valid keys: "
+                     f"{', '.join(sorted(known))}" for key in unknown}
+    return problems | _unknown_top_or_trainer_keys(cfg)
+
+
+def _unknown_top_or_trainer_keys(cfg: DictConfig) -> dict[str, str]:
+    """The top level holds the groups and RunSchema's keys; the trainer, conf/trainer's keys and any argument of
+    Lightning's Trainer. A top-level key whose value is an interpolation (``+wandb_key=${oc.env:WANDB_API_KEY}``)
+    is a user's variable for other keys to read, and stays."""
+    problems = {}
+    for key in cfg.keys():
+        written = cfg._get_node(key)._value()
+        if str(key) in static_keys() or (isinstance(written, str) and "${" in written):
+            continue
+        problems[str(key)] = f"{key}: not a key of this config (a typo, or a key that belongs to a group)"
+    trainer = cfg.get("trainer")
+    if isinstance(trainer, DictConfig):
+        for key in trainer.keys():
+            dotted = f"trainer.{key}"
+            if dotted not in static_keys() and key not in _HYDRA_KEYS and dotted not in valid_keys(dotted):
+                problems[dotted] = f"{dotted}: neither a Lightning Trainer argument nor a key of conf/trainer"
     return problems
+
+
+def _unknown_keys_hint(cfg: DictConfig, unknown: list[str]) -> str:
+    written = {}
+    for key in unknown:
+        value = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
+        written[key] = "" if OmegaConf.is_config(value) or value is None else str(value)
+    return spelling_hint(written)
 
 
 def _leaves(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
@@ -150,11 +180,16 @@ def config_problems(cfg: DictConfig) -> list[str]:
             value = OmegaConf.to_container(value, resolve=True)
         if (problem := rule(value)) is not None:
             problems.append(f"{key}={value!r}: {problem}")
-    return problems + _unknown_keys(cfg)
+    return problems + list(_unknown_keys(cfg).values())
 
 
 def check_config(cfg: DictConfig) -> None:
-    """Raise ConfigError listing every bad key of ``cfg`` (see ``config_problems``)."""
+    """Raise ConfigError listing every bad key of ``cfg`` (see ``config_problems``); with unknown keys, the fix
+    names the valid key nearest to each."""
     problems = config_problems(cfg)
     if problems:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+        unknown = list(_unknown_keys(cfg))
+        fixes = [problem.fix for problem in problems if isinstance(problem, Problem)]
+        fixes += [_unknown_keys_hint(cfg, unknown)] if unknown else []
+        hint = "; ".join(fixes) if fixes else None
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems), hint=hint)

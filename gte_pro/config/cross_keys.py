@@ -13,6 +13,17 @@ from omegaconf import DictConfig, OmegaConf
 from gte_pro.models import OLD_TARGETS
 
 
+class Problem(str):
+    """A problem line whose fix is its own (``check_config`` makes it the error's fix line), not the generic one."""
+
+    fix: str
+
+    def __new__(cls, text: str, fix: str) -> Problem:
+        problem = super().__new__(cls, text)
+        problem.fix = fix
+        return problem
+
+
 def mix_problems(cfg: DictConfig) -> list[str]:
     """Re-mining reads one token cache; a mix has one per source."""
     remine = OmegaConf.select(cfg, "data.remine", default=None)
@@ -126,6 +137,7 @@ DISTILL_LOSSES = {"gte_pro.training.losses_distill.DistillKLLoss": "distill_kl",
 # data sources whose rows never carry teacher scores
 UNSCORED_SOURCES = {"gte_pro.data.demo.DemoDataModule": "demo", "gte_pro.data.beir.BeirDataModule": "beir"}
 JSONL_SOURCE = "gte_pro.data.jsonl.JsonlDataModule"
+NEGATIVE_FIELDS = ("negatives", "neg", "negative")  # gte_pro.data.records reads a row's negatives from one of them
 SCORE_FIRST = ("score a JSON-lines file first (python train.py mode=score data=jsonl data.train_file=train.jsonl "
                "score.teacher=<reranker>) and train on its scored.jsonl with data=jsonl data.train_file=...")
 
@@ -149,8 +161,13 @@ def distill_problems(cfg: DictConfig) -> list[str]:
                         "or choose loss=infonce")
     train_file = training_file(cfg)
     if train_file is not None and not first_row_scored(train_file):
+        fix = SCORE_FIRST if file_has_negatives(train_file) else mine_then_score(train_file)
         problems.append(f"data.train_file={train_file}: loss={loss} needs teacher scores and the file's first row "
-                        f"has no pos_scores/neg_scores: {SCORE_FIRST}; or choose loss=infonce")
+                        f"has no pos_scores/neg_scores: {fix}; or choose loss=infonce")
+    elif train_file is not None and negatives is None and not file_has_negatives(train_file):
+        problems.append(Problem(f"data.train_file={train_file}: loss={loss} distils the teacher's scores of each "
+                                "row's hard negatives, and no row of the file has any (scoring adds no negatives: "
+                                "mining does)", fix=f"{mine_then_score(train_file)}; or choose loss=infonce"))
     elif train_file is not None and cfg.get("mode", "train") == "train":
         problems += weak_teacher_problems(cfg, loss, train_file)
     return problems
@@ -180,6 +197,26 @@ def weak_teacher_problems(cfg: DictConfig, loss: str, train_file: str) -> list[s
     temperature = None if setting is None else chosen_temperature(setting, train_file)[0]
     problem = weak_teacher_problem(train_file, record, loss, temperature)
     return [] if problem is None else [problem]
+
+
+def mine_then_score(source: str) -> str:
+    from gte_pro.data.row_contents import mine_then_score as fix
+
+    return fix(source)
+
+
+def file_has_negatives(path: str) -> bool:
+    """Whether a row of the JSON-lines file ``path`` carries a hard negative (read up to the first that does);
+    True when there is no file to read (a missing file is the data module's error)."""
+    from gte_pro.data.records import iter_jsonl
+    from gte_pro.errors import DataError
+
+    file = Path(path).expanduser()
+    try:
+        return not file.is_file() or any(isinstance(row, dict) and any(row.get(name) for name in NEGATIVE_FIELDS)
+                                         for _, row in iter_jsonl(str(file)))
+    except DataError:  # a malformed line: the data module names it, with the rest of its checks
+        return True
 
 
 def first_row_scored(path: str) -> bool:

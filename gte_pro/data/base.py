@@ -238,7 +238,7 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
         either fail here, naming the source, before validation and training (else: at the first training step)."""
         source = getattr(self, "train_file", None) or getattr(self, "path", None) or type(self).__name__
         if problem := distill_problem(self.distill_loss, source, cache.scored, self.num_negatives):
-            raise DataError(problem)
+            raise DataError(problem[0], hint=problem[1])
 
     def _require_tokenizer(self) -> PreTrainedTokenizerBase:
         if self.tokenizer is None:

@@ -40,18 +40,33 @@ def negatives_per_row(setting: int | None, counts: np.ndarray, report: bool = Tr
     return wanted
 
 
-def distill_problem(loss: str | None, source: str, scored: bool, negatives: int) -> str | None:
-    """What a distillation loss (``loss``; None: none trains) lacks in the rows of ``source``, with the fix; None
-    when they carry teacher scores and hard negatives."""
+def score_first(source: str) -> str:
+    return (f"score the file first (python train.py mode=score data=jsonl data.train_file={source} "
+            "score.teacher=<reranker>) and train on its scored.jsonl")
+
+
+def mine_then_score(source: str) -> str:
+    """The fix for rows without hard negatives: scoring adds none (it scores the negatives a row has); mining
+    does."""
+    return (f"mine hard negatives first (python train.py mode=mine data=jsonl data.train_file={source}), score the "
+            "mined file (python train.py mode=score data=jsonl data.train_file=<mine run>/mined.jsonl "
+            "score.teacher=<reranker>) and train on its scored.jsonl (or both in one run: mode=mine "
+            "mine.rescore_with=<reranker>)")
+
+
+def distill_problem(loss: str | None, source: str, scored: bool, negatives: int) -> tuple[str, str] | None:
+    """(what, how to fix it) of what a distillation loss (``loss``; None: none trains) lacks in the rows of
+    ``source``; None when they carry teacher scores and hard negatives."""
     if loss is None:
         return None
     missing = [what for what, present in (("teacher scores (pos_scores, neg_scores)", scored),
                                           ("hard negatives", negatives)) if not present]
     if not missing:
         return None
-    return (f"{source}: loss={loss} needs {' and '.join(missing)} in the training rows, and they have none: score "
-            f"the file first (python train.py mode=score data=jsonl data.train_file={source} "
-            "score.teacher=<reranker>) and train on its scored.jsonl, or choose loss=infonce")
+    what = f"{source}: loss={loss} needs {' and '.join(missing)} in the training rows, and they have none"
+    if scored:
+        what += " (scoring adds no negatives: mining does)"
+    return what, (score_first(source) if negatives else mine_then_score(source)) + ", or choose loss=infonce"
 
 
 def rows_problem(source: str, train_count: int, val_count: int, reports: list[dict[str, Any]],

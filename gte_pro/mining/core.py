@@ -38,6 +38,9 @@ class MinedNegatives:
     positive_scores: torch.Tensor  # (Q,) the lowest score among the query's positives; nan: none given
     dropped_false_negatives: int  # window candidates removed by the margins / max_score
     short_rows: int  # queries left with fewer than num_negatives
+    # candidates the rank windows held (the corpus minus positives, up to range_max a query; with a teacher, the
+    # candidates it judged): what the drops are a share of; -1: not counted (a window kept by an older version)
+    window_candidates: int = -1
 
 
 # --- scores --------------------------------------------------------------------------------------------------------
@@ -149,8 +152,10 @@ def pick_survivors(survivor: torch.Tensor, order: torch.Tensor, draw_keys: torch
 
 
 def _select(ids: torch.Tensor, scores: torch.Tensor, positive: torch.Tensor, is_positive: torch.Tensor,
-            first_row: int, options: MiningOptions, num_corpus: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """From candidates ordered best first: (indices, scores) of the kept negatives, and how many were dropped."""
+            first_row: int, options: MiningOptions, num_corpus: int
+            ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """From candidates ordered best first: (indices, scores) of the kept negatives, how many were dropped, and how
+    many candidates the window held."""
     candidate = (ids < num_corpus) & ~is_positive
     rank = candidate.long().cumsum(1) - 1
     window = candidate & (rank >= options.range_min) & (rank < options.range_max)
@@ -166,7 +171,7 @@ def _select(ids: torch.Tensor, scores: torch.Tensor, positive: torch.Tensor, is_
     out_scores = torch.full(out_ids.shape, math.nan, device=ids.device)
     out_ids[:, :take] = torch.where(kept, ids.gather(1, chosen), -1)
     out_scores[:, :take] = torch.where(kept, scores.gather(1, chosen), math.nan)
-    return out_ids, out_scores, int(drop.sum())
+    return out_ids, out_scores, int(drop.sum()), int(window.sum())
 
 
 def _merged(values: torch.Tensor, ids: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -215,7 +220,7 @@ def mine_negatives(query_emb: torch.Tensor, corpus_emb: torch.Tensor, corpus_ind
     _check_inputs(query_emb, corpus_emb, corpus_index, num_corpus, positives)
     if query_emb.shape[0] == 0:  # the same on every rank (all queries are everywhere): no collective to skip
         empty = torch.empty(0, options.num_negatives)
-        return MinedNegatives(empty.long(), empty, torch.empty(0), 0, 0)
+        return MinedNegatives(empty.long(), empty, torch.empty(0), 0, 0, 0)
     device, budget = query_emb.device, options.max_scores_per_chunk
     pairs = _positive_pairs(positives, num_corpus, device)
     most_positives = int(torch.bincount(pairs[0]).max()) if pairs.numel() else 0
@@ -228,15 +233,16 @@ def mine_negatives(query_emb: torch.Tensor, corpus_emb: torch.Tensor, corpus_ind
         positive_scores = _positive_scores(q, c, local_of, pairs, budget)
         values, ids = _local_candidates(q, c, corpus_index, num_corpus, columns, budget)
         del local_of
-        out_ids, out_scores, dropped = [], [], 0
+        out_ids, out_scores, dropped, candidates = [], [], 0, 0
         step = max(1, budget // (world()[1] * columns))
         for start in range(0, q.shape[0], step):
             merged_ids, merged_scores = _merged(values[start : start + step], ids[start : start + step], width)
             is_positive = _positive_mask(merged_ids, start, pairs, num_corpus)
-            chosen, scores, n = _select(merged_ids, merged_scores, positive_scores[start : start + step],
-                                        is_positive, start, options, num_corpus)
+            chosen, scores, n, held = _select(merged_ids, merged_scores, positive_scores[start : start + step],
+                                              is_positive, start, options, num_corpus)
             out_ids.append(chosen)
             out_scores.append(scores)
             dropped += n
+            candidates += held
     indices, scores = torch.cat(out_ids), torch.cat(out_scores)
-    return MinedNegatives(indices, scores, positive_scores, dropped, int((indices < 0).any(1).sum()))
+    return MinedNegatives(indices, scores, positive_scores, dropped, int((indices < 0).any(1).sum()), candidates)

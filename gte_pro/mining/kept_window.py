@@ -65,14 +65,15 @@ def load_window(run_dir: Path, fingerprint: str) -> MinedNegatives | None:
     log.info("reusing the mined window of an earlier start of this run (%s): the teacher rescoring continues",
              path)
     return MinedNegatives(kept["indices"], kept["scores"], kept["positive_scores"],
-                          int(kept["dropped_false_negatives"]), int(kept["short_rows"]))
+                          int(kept["dropped_false_negatives"]), int(kept["short_rows"]),
+                          int(kept.get("window_candidates", -1)))
 
 
 def keep_window(run_dir: Path, fingerprint: str, mined: MinedNegatives) -> None:
     """Write the window atomically (rank 0 only: every rank holds the same one)."""
     blob = {"fingerprint": fingerprint, "indices": mined.indices, "scores": mined.scores,
             "positive_scores": mined.positive_scores, "dropped_false_negatives": mined.dropped_false_negatives,
-            "short_rows": mined.short_rows}
+            "short_rows": mined.short_rows, "window_candidates": mined.window_candidates}
     write_atomic(run_dir / WINDOW_FILE, lambda tmp: torch.save(blob, tmp))
 
 

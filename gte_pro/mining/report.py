@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +96,9 @@ def mine_summary(problem: MiningProblem, mined: MinedNegatives, rows: list[dict[
     """The numbers of the report: rows, negatives per row, short rows, dropped candidates, scores, timing."""
     counts = [len(row["negatives"]) for row in rows[: len(problem.rows)]]
     wanted = int(mined.indices.shape[1])
-    candidates = len(problem.queries) * (details["options"]["range_max"] - details["options"]["range_min"])
+    candidates = mined.window_candidates
+    if candidates < 0:  # not counted: the nominal window (every query's [range_min, range_max) full)
+        candidates = len(problem.queries) * (details["options"]["range_max"] - details["options"]["range_min"])
     return {
         "mode": "mine",
         "rows": len(problem.rows),
@@ -107,6 +110,8 @@ def mine_summary(problem: MiningProblem, mined: MinedNegatives, rows: list[dict[
         "negatives_per_row": {"mean": round(sum(counts) / max(len(counts), 1), 3), "min": min(counts, default=0)},
         "rows_short_of_num_negatives": sum(n < wanted for n in counts),
         "dropped_false_negatives": mined.dropped_false_negatives,
+        # of the candidates the windows held, not of queries x (range_max - range_min): a small corpus fills less
+        "window_candidates": candidates,
         "dropped_share_of_window": round(mined.dropped_false_negatives / max(candidates, 1), 4),
         "scores": "cosine" if rescored is None else f"teacher ({rescored.kind})",
         "positive_scores": _quantiles(mined.positive_scores),
@@ -124,7 +129,8 @@ def summary_markdown(summary: dict[str, Any], files: dict[str, Path]) -> str:
              ["negatives per row: mean / min", f"{per_row['mean']} / {per_row['min']} (of {summary['num_negatives']})"],
              ["rows short of num_negatives", f"{summary['rows_short_of_num_negatives']}"],
              ["candidates dropped as likely false negatives", f"{summary['dropped_false_negatives']} "
-              f"({100 * summary['dropped_share_of_window']:.1f}% of the window)"],
+              f"({100 * summary['dropped_share_of_window']:.1f}% of the {summary['window_candidates']} in the "
+              "window)"],
              ["positive / negative score (median)", f"{summary['positive_scores']['median']} / "
               f"{summary['negative_scores']['median']}"],
              ["seconds (texts/s)", f"{summary['seconds']} ({summary['texts_per_s']})"]]
@@ -161,13 +167,49 @@ def plot_scores(path: Path, mined: MinedNegatives, teacher_kind: str | None = No
 
 
 def train_command(output: Path, summary: dict[str, Any]) -> str:
-    """The command that trains on the mined file; with copied validation rows, the split that holds them out."""
+    """The command that trains on the mined file; with copied validation rows, the split that holds them out; the
+    mining run's own model and debug overrides (``carried_overrides``)."""
     command = f"python train.py data=jsonl data.train_file={output} data.num_negatives={summary['num_negatives']}"
     if summary["held_out_rows_copied"]:
         command += f" data.val_fraction={summary['val_fraction']}"
     if summary.get("rescore"):  # the rows carry the teacher's pos_scores/neg_scores: distill from them
         command += " loss=distill_kl"
-    return command
+    return " ".join([command, *map(shlex.quote, summary.get("carried_overrides") or [])])
+
+
+CARRIED = ("model", "debug")
+
+
+def carried_overrides(overrides: list[str]) -> list[str]:
+    """The overrides of a mining run that its training run needs as they were: the model (``model=``,
+    ``model.*=``, ``+model.*=``) and ``debug=``; not the data's or mine's, which the mined file replaces."""
+    def key(override: str) -> str:
+        return override.lstrip("+~").split("=", 1)[0]
+
+    return [o for o in overrides if key(o) in CARRIED or key(o).startswith(tuple(f"{g}." for g in CARRIED))]
+
+
+def nothing_kept(problem: MiningProblem, mined: MinedNegatives, options: dict[str, Any], teacher: bool
+                 ) -> tuple[str, str] | None:
+    """(what, how to fix it) when no row got a single negative: the file would train on in-batch negatives only,
+    which the mining was meant to improve on; None when any row has one."""
+    if not problem.rows or bool((mined.indices >= 0).any()):
+        return None
+    window = f"[{options['range_min']}, {options['range_max']})"
+    margins = ", ".join(f"mine.{name}={options[name]}" for name in ("relative_margin", "absolute_margin",
+                                                                     "max_score") if options[name] is not None)
+    if mined.window_candidates == 0:
+        what = (f"mode=mine kept no negative for any of the {len(problem.rows)} rows: the rank window {window} held "
+                f"no candidate (a corpus of {len(problem.corpus)} documents)")
+        return what, ("start the window lower (mine.range_min=0) or give more documents to mine from "
+                      "(mine.corpus_files=...)")
+    by = "the teacher (mine.rescore_with)" + (f" and {margins}" if margins else "") if teacher else (
+        margins or "the margins")
+    what = (f"mode=mine kept no negative for any of the {len(problem.rows)} rows: {by} dropped all "
+            f"{mined.dropped_false_negatives} candidates of the rank window {window}")
+    wider = (f"a wider window (mine.range_max > {options['range_max']})" if len(problem.corpus) > options["range_max"]
+             else "more documents to mine from (mine.corpus_files=...)")
+    return what, f"lower {margins or 'the margin'} (null turns a margin off), or give {wider}, so that some survive"
 
 
 def write_mine_outputs(output: Path, run_dir: Path, problem: MiningProblem, mined: MinedNegatives,

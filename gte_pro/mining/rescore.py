@@ -162,7 +162,8 @@ def rescore_window(teacher: Teacher, queries: Sequence[str], corpus: Sequence[st
         n, k = len(ex.positives), len(ex.negatives)
         held.append((scores[offset : offset + n].tolist(), scores[offset + n : offset + n + k].tolist()))
         offset += n + k
-    mined = MinedNegatives(out_ids, out_scores, positive, int(dropped.sum()), int((out_ids < 0).any(1).sum()))
+    mined = MinedNegatives(out_ids, out_scores, positive, int(dropped.sum()), int((out_ids < 0).any(1).sum()),
+                           len(win_row))
     window_of = _window_scores(ids.shape, pos_query, win_row, win_col, mined_pairs)
     member_groups = [(member.name_or_path, member.kind, groups_from_window(*window_of(z)))
                      for member, z in zip(getattr(teacher, "members", []), members, strict=False)]

@@ -143,3 +143,13 @@ def append_eos(tokenizer: PreTrainedTokenizerBase) -> bool:
     backend.post_processor = processors.TemplateProcessing(single=f"{head} {eos}", pair=f"{head} {eos} $B {eos}",
                                                            special_tokens=special)
     return True
+
+
+def describe_model(name_or_path: str, random_init_config: Mapping[str, Any] | None) -> str:
+    """The model a config loads, as a report names it: its folder or hub name, or with ``random_init_config`` the
+    random model it builds, which takes only the tokenizer from ``name_or_path`` (``model=tiny``, ``debug=fast``)."""
+    if not random_init_config:
+        return str(name_or_path)
+    fields = dict(random_init_config)
+    return (f"a randomly initialised {fields.get('model_type', 'bert')} ({fields.get('num_hidden_layers', '?')} "
+            f"layers, hidden size {fields.get('hidden_size', '?')}) with the tokenizer of {name_or_path}")

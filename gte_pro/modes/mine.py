@@ -47,9 +47,10 @@ from gte_pro.mining.options import (
     teacher_margin_problems,
 )
 from gte_pro.mining.problem import MiningProblem, build_problem, corpus_files_setting, hash_held_out_rows
-from gte_pro.mining.report import write_mine_outputs
+from gte_pro.mining.report import carried_overrides, nothing_kept, write_mine_outputs
 from gte_pro.mining.rescore import Rescored, rescore_window, window_options
 from gte_pro.models.encoder import Encoder
+from gte_pro.models.loading import describe_model
 from gte_pro.models.teacher import Teacher, load_teacher
 from gte_pro.modes.build import build_datamodule, build_encoder, build_fabric, on_device, start_run
 from gte_pro.utils.cache import cache_root
@@ -157,11 +158,14 @@ def mine(cfg: DictConfig) -> None:
             data.prepare_data()
     problem = data.setup("validate")
     mined = mine_problem(fabric, encoder, problem, options, batch_size, max_length, teacher, rescore, output_dir)
+    if empty := nothing_kept(problem, mined.negatives, vars(options), teacher is not None):  # every rank: the same
+        raise ConfigError(empty[0], hint=empty[1])
     seconds = time.perf_counter() - start
     peaks = peak_rss_mb_per_rank()
     if fabric.is_global_zero:
         texts = len(problem.queries) + len(problem.corpus)
-        details = {"model": encoder.name_or_path, "world_size": fabric.world_size,
+        model = describe_model(encoder.name_or_path, OmegaConf.select(cfg, "model.random_init_config", default=None))
+        details = {"model": model, "world_size": fabric.world_size,
                    "precision": str(cfg.trainer.precision), "options": vars(options),
                    "corpus_files": corpus_files, "batch_size": batch_size, "max_length": max_length,
                    "val_fraction": getattr(source, "val_fraction", None),
@@ -170,5 +174,13 @@ def mine(cfg: DictConfig) -> None:
                    **{name: round(value, 3) for name, value in mined.timings.items()}}
         if rescore is not None:
             details["rescore_options"] = vars(rescore)
+        details["carried_overrides"] = carried_overrides(run_overrides())
         write_mine_outputs(output, output_dir, problem, mined.negatives, details, mined.rescored)
         drop_window(output_dir)  # the run is done: nothing left to continue
+
+
+def run_overrides() -> list[str]:
+    """The command line's overrides of this run ([] for a config composed in Python: tests, a notebook)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []

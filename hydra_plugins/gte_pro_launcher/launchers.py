@@ -14,12 +14,13 @@ The submitit launchers of hydra-submitit-launcher, plus checks before anything i
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher as _submitit
 
-from gte_pro.errors import ConfigError
+from gte_pro.errors import ConfigError, UserError
 from gte_pro.launch.environment import check_devices_match_tasks, check_nodes_match, without_distributed_env
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -78,5 +79,29 @@ class LocalLauncher(_CheckedLaunch, _submitit.LocalLauncher):
     """submitit_local with the checks of ``_CheckedLaunch``."""
 
 
+def slurm_missing() -> list[str]:
+    """The SLURM commands that submitting needs and PATH lacks: ``sbatch``, and ``srun`` (submitit's own lookup,
+    which without it ends in a 40-line traceback)."""
+    from submitit.slurm.slurm import SlurmExecutor
+
+    return [name for name, present in (("sbatch", shutil.which("sbatch") is not None),
+                                       ("srun", SlurmExecutor.affinity() > 0)) if not present]
+
+
+def check_slurm_installed() -> None:
+    """Refuse ``hydra/launcher=slurm`` on a machine without SLURM, before anything is submitted."""
+    if missing := slurm_missing():
+        names = " and ".join(f"`{name}`" for name in missing)
+        raise UserError(f"hydra/launcher=slurm: SLURM is not installed on this machine ({names} not on PATH), so "
+                        "no job can be submitted",
+                        hint="run the command on a SLURM login node (or put SLURM's commands on PATH), or drop "
+                             "hydra/launcher=slurm to run the jobs here (hydra/launcher=local: submitit's local "
+                             "processes)")
+
+
 class SlurmLauncher(_CheckedLaunch, _submitit.SlurmLauncher):
-    """submitit_slurm with the checks of ``_CheckedLaunch``."""
+    """submitit_slurm with the checks of ``_CheckedLaunch``, after one that SLURM is installed."""
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
+        check_slurm_installed()
+        return super().launch(job_overrides, initial_job_idx)

@@ -52,7 +52,9 @@ class EncoderSchema:
     append_eos: FLAG = setting(False, "end every text with the tokenizer's EOS token (decoder embedders pool that "
                                "last token)", IS_FLAG)
     # its sign is torch's to check ("Invalid learning rate: -1")
-    lr: float = setting(2e-5, "learning rate (the optimizer reads it); sweep it with -m model.lr=1e-5,2e-5",
+    lr: float = setting(2e-5, "learning rate (the optimizer reads it); the default is the schema's: each model "
+                        "option sets its own (model=minilm, the default run's: 5e-5; gte_small: 3e-5; tiny: 1e-3; "
+                        "`python train.py --cfg job` shows the run's); sweep it with -m model.lr=1e-5,2e-5",
                         number(), argument=False)
 
 
