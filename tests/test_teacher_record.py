@@ -59,18 +59,43 @@ def test_an_ensemble_is_read_at_its_recommended_temperature(tmp_path: Path):
         "teacher_temperature": record["recommended_temperature"], "temperature": 0.02}
 
 
-def test_a_teacher_worse_than_the_student_is_refused_with_its_figures_and_the_override(make_cfg, tmp_path: Path):
+def test_a_teacher_below_the_floor_is_refused_with_its_figures_and_the_override(make_cfg, tmp_path: Path):
+    """The student ranks all 3 positives first (top1 1.0: the ceiling of a model that mined its rows), so it is not
+    the bar; the teacher's 0.333 is below the floor of 0.9."""
     path = _scored_file(tmp_path, "embedder", student=True)
     with pytest.raises(ConfigError) as refused:
         check_config(_cfg(make_cfg, path))
     message = str(refused.value)
     assert "weak teacher (the-teacher, embedder" in message and str(record_path(path)) in message
-    assert "less often than the student the-student" in message
-    assert "teacher top1 0.333" in message and "student top1 1.000" in message
+    assert "ranks the labelled positive first in only 0.333 of the rows' groups (< 0.9" in message
     assert "loss.allow_weak_teacher=true" in message
+    # a temperature does not make the teacher rank more positives first: the fix does not offer one
+    assert "teacher_temperature" not in message.split("Fix:")[1]
+    assert "score with a teacher that ranks the rows' positives first more often" in message
     check_config(_cfg(make_cfg, path, "loss.allow_weak_teacher=true"))  # the override lets it through
-    with pytest.raises(ConfigError, match="less often than the student"):  # margin_mse compares top1 too
+    with pytest.raises(ConfigError, match="in only 0.333"):  # margin_mse judges top1 too
         check_config(make_cfg(["loss=margin_mse", "data=jsonl", f"data.train_file={path}"]))
+
+
+def test_a_student_is_a_bar_only_below_the_ceiling_of_the_rows_it_mined(make_cfg, tmp_path: Path):
+    """The case of issue 39: an ensemble teacher at top1 0.994 against the student that mined the rows at 0.9989
+    was refused, by construction. Against a student below the ceiling the comparison stands."""
+    from gte_pro.scoring.report import judgement_line
+    from gte_pro.scoring.teacher_file import weak_teacher_problem
+
+    def record(teacher_top1: float, student_top1: float) -> dict:
+        figures = {"groups": 1000, "mean_margin": 0.1, "mean_normalised_entropy": 0.3, "temperature": 0.05}
+        return {"teacher": "ensemble", "kind": "ensemble", "student": "the-miner", "recommended_temperature": 0.2,
+                "teacher_figures": {**figures, "top1": teacher_top1},
+                "student_figures": {**figures, "top1": student_top1}, "entropy_by_temperature": {},
+                "temperature": 0.2, "temperature_why": "recommended"}
+
+    assert weak_teacher_problem("f.jsonl", record(0.994, 0.9989), "distill_kl", None) is None
+    assert "at the ceiling" in judgement_line(record(0.994, 0.9989))
+    refused = weak_teacher_problem("f.jsonl", record(0.95, 0.97), "distill_kl", None)
+    assert "less often than the student the-miner" in refused and "teacher_temperature" not in refused
+    assert "at the ceiling" not in judgement_line(record(0.95, 0.97))
+    assert "in only 0.850" in weak_teacher_problem("f.jsonl", record(0.85, 0.999), "distill_kl", None)
 
 
 def test_a_near_uniform_teacher_is_refused_at_the_temperature_it_is_read_at(make_cfg, tmp_path: Path):

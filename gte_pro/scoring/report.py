@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from gte_pro.scoring.core import quantiles
-from gte_pro.scoring.teacher_file import weak_teacher_problem
+from gte_pro.scoring.teacher_file import comparison_note, weak_teacher_problem
 from gte_pro.utils.files import write_json_atomic, write_text_atomic
 from gte_pro.utils.plots import score_histograms
 from gte_pro.utils.tables import markdown_table
@@ -72,6 +72,8 @@ def judgement_line(record: dict[str, Any], scored: Path | None = None) -> str:
         line += f"; student {record['student']}: {figures(record['student_figures'])}"
     line += (f"; read at temperature {record['temperature']} ({record['temperature_why']}); recommended "
              f"{record['recommended_temperature']}")
+    if note := comparison_note(record):
+        line += f"; {note}"
     problem = weak_teacher_problem(scored, record, "distill_kl", record["temperature"]) if scored else None
     return line if problem is None else f"{line}\nWARNING: {problem}"
 
@@ -94,7 +96,7 @@ def judgement_markdown(record: dict[str, Any] | None) -> str:
     return (f"\n## The teacher judged before it teaches\n\n{table}\n"
             f"- temperature its scores are read at (loss.teacher_temperature=auto): {record['temperature']}: "
             f"{record['temperature_why']}\n- recommended temperature: {record['recommended_temperature']}: "
-            f"{record['recommended_why']}\n")
+            f"{record['recommended_why']}\n" + (f"- {note}\n" if (note := comparison_note(record)) else ""))
 
 
 def plot_histograms(path: Path, positives: np.ndarray, negatives: np.ndarray, kind: str) -> Path:

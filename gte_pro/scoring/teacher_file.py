@@ -10,9 +10,12 @@ run with a distillation loss reads it before any model loads:
   default); an ensemble's averaged z-scores have no trained temperature and are read at the file's recommended one
   (mean normalised entropy 0.5). A file without a record (scored elsewhere) is read at 1. A number set by the user
   always wins;
-- a teacher that ranks the labelled positive first less often than the student that mined the rows, or whose
+- a teacher that ranks the labelled positive first less often than the student (``score.student``), or whose
   softmax is near uniform at the temperature used (``loss=distill_kl``), is refused unless
-  ``loss.allow_weak_teacher=true`` (``weak_teacher_problem``).
+  ``loss.allow_weak_teacher=true`` (``weak_teacher_problem``). The student is a bar only where the comparison
+  means something: the model that mined the rows kept only negatives it scores below its own positive, so on those
+  rows its top1 is ~1 by construction; a student at that ceiling is not compared, and the teacher is held to an
+  absolute floor of top1 instead (``comparable_student``).
 """
 
 from __future__ import annotations
@@ -37,6 +40,11 @@ from gte_pro.scoring.judge import (
 from gte_pro.utils.files import write_json_atomic
 
 log = logging.getLogger(__name__)
+
+# the teacher-student comparison (weak_teacher_problem): a student whose top1 is at least STUDENT_CEILING is not a
+# bar (comparable_student); the teacher must then rank the positive first in at least TEACHER_FLOOR of the groups
+STUDENT_CEILING = 0.99
+TEACHER_FLOOR = 0.9
 
 # the temperature a teacher's scores are read at by kind (module doc); the student (an embedder) is judged at 0.05
 KIND_TEMPERATURE = {"embedder": 0.05, "cross-encoder": 1.0}
@@ -154,29 +162,56 @@ def _figures(figures: dict[str, Any] | None) -> str:
             f"{figures['mean_normalised_entropy']} at temperature {figures['temperature']}")
 
 
+def comparable_student(student: dict[str, Any]) -> bool:
+    """Whether the student's top1 on the rows can be held against the teacher. A student at the ceiling
+    (``STUDENT_CEILING``) is, in practice, the model that mined the rows: mining kept only the negatives it scored
+    below its own positive (``mine.relative_margin``), so on those rows it ranks the positive first by construction
+    and any teacher that errs once loses. Then the teacher is held to ``TEACHER_FLOOR`` instead."""
+    return student.get("top1") is not None and student["top1"] < STUDENT_CEILING
+
+
 def weak_teacher_problem(scored: str | Path, record: dict[str, Any], loss: str,
                          temperature: float | None) -> str | None:
     """Why the teacher of ``scored`` should not teach (``record``: its teacher record), or None: it ranks the
-    labelled positive first less often than the student, or (``loss=distill_kl``, ``temperature`` the one used)
-    its softmax is near uniform."""
+    labelled positive first less often than a student it can be compared with (``comparable_student``), or in
+    fewer than ``TEACHER_FLOOR`` of the groups, or (``loss=distill_kl``, ``temperature`` the one used) its softmax
+    is near uniform. The fix names, for each reason, the change that clears that reason: a teacher temperature
+    cannot make a teacher rank more positives first, so it is offered for the entropy only."""
     teacher, student = record.get("teacher_figures") or {}, record.get("student_figures") or {}
-    reasons = []
-    if teacher.get("top1") is not None and student.get("top1") is not None and teacher["top1"] < student["top1"]:
+    reasons, fixes = [], []
+    top1 = teacher.get("top1")
+    if top1 is not None and comparable_student(student) and top1 < student["top1"]:
         reasons.append(f"it ranks the labelled positive first less often than the student {record.get('student')} "
                        f"(teacher {_figures(teacher)}; student {_figures(student)})")
+    elif top1 is not None and top1 < TEACHER_FLOOR:
+        reasons.append(f"it ranks the labelled positive first in only {top1:.3f} of the rows' groups (< "
+                       f"{TEACHER_FLOOR}; {_figures(teacher)})")
+    if reasons:
+        fixes.append("score with a teacher that ranks the rows' positives first more often (a reranker trained "
+                     "longer, or an ensemble of better members)")
     entropy = entropy_at(record.get("entropy_by_temperature") or {}, temperature) if temperature else None
     if loss == "distill_kl" and entropy is not None and entropy > NEAR_UNIFORM:
         reasons.append(f"its softmax over each row's candidates is near uniform at teacher_temperature {temperature}"
                        f" (mean normalised entropy {entropy} > {NEAR_UNIFORM}; 1 is uniform): a student fitted to it "
                        f"learns not to separate positives from negatives")
+        recommended = record.get("recommended_temperature")
+        fixes.append(f"set loss.teacher_temperature={recommended} (recommended)" if recommended else
+                     "set a lower loss.teacher_temperature")
     if not reasons:
         return None
-    fix = ("train with loss=infonce, score with a better teacher, or set loss.allow_weak_teacher=true to distil "
-           "from it anyway")
-    if record.get("recommended_temperature") and loss == "distill_kl":
-        fix = f"set loss.teacher_temperature={record['recommended_temperature']} (recommended), " + fix
+    fixes.append("train with loss=infonce, or set loss.allow_weak_teacher=true to distil from it anyway")
     return (f"data.train_file={scored}: loss={loss} would distil from a weak teacher ({record.get('teacher')}, "
-            f"{record.get('kind')}; {record_path(scored)}): " + "; ".join(reasons) + f". Fix: {fix}")
+            f"{record.get('kind')}; {record_path(scored)}): " + "; ".join(reasons) + ". Fix: " + "; ".join(fixes))
+
+
+def comparison_note(record: dict[str, Any]) -> str | None:
+    """Why the student's figures were not held against the teacher, for the score report; None when they were."""
+    student = record.get("student_figures") or {}
+    if not student or comparable_student(student):
+        return None
+    return (f"the student's top1 {student['top1']} is at the ceiling (>= {STUDENT_CEILING}): on rows it mined itself "
+            f"it ranks the positive first by construction (it kept only negatives below its own positive), so the "
+            f"teacher is held to top1 >= {TEACHER_FLOOR} instead of the student's")
 
 
 def loss_options(loss: dict[str, Any], train_file: str | None) -> dict[str, Any]:
