@@ -82,13 +82,14 @@ def member_layout(folder: Path) -> dict[str, Any]:
     floating tensor's (dtype, shape), keyed ``<file>:<tensor>``. ``MissingModelError`` naming the folder when it is
     not a model folder (no config.json, no safetensors weights)."""
     config_file = folder / "config.json"
+    hint = "give the model/ folder of a finished run (<run dir>/model): a sentence-transformers folder on this machine"
     if not folder.is_dir():
-        raise MissingModelError(f"merge.models: {folder} is not a folder")
+        raise MissingModelError(f"merge.models: {folder} is not a folder", hint=hint)
     if not config_file.is_file():
-        raise MissingModelError(f"merge.models: {folder} is not a model folder (no config.json)")
+        raise MissingModelError(f"merge.models: {folder} is not a model folder (no config.json)", hint=hint)
     weights = sorted(folder.rglob("*.safetensors"))
     if not weights:
-        raise MissingModelError(f"merge.models: {folder} is not a model folder (no *.safetensors weights)")
+        raise MissingModelError(f"merge.models: {folder} is not a model folder (no *.safetensors weights)", hint=hint)
     config = shape_config(folder)
     # floating tensors only: an integer buffer (BERT's position_ids) is in the files of some transformers versions and
     # not in others; the loaded encoders' own non-float tensors are held equal after loading (check_buffers)
