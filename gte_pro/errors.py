@@ -61,6 +61,14 @@ class MissingModelError(MissingFileError):
             "(HF_HUB_OFFLINE=1 reads the cache only)")
 
 
+class ModelMismatchError(UserError, ValueError):
+    """Models that cannot be merged (``mode=merge``): different architectures, shapes or tensors; the message names
+    the two folders and the first difference."""
+
+    hint = ("merge only fine-tunes of one base model (the same config.json shape keys, pooling and tensors); drop "
+            "the member the message names from merge.models")
+
+
 class ResumeError(UserError, ValueError):
     """A resume that would mix two different runs or has no intact checkpoint to start from."""
 

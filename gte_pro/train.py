@@ -25,6 +25,7 @@ from gte_pro.launch.sweep import INTERRUPTED_FILE, record_interrupted_job
 from gte_pro.mining.kept_window import WINDOW_FILE
 from gte_pro.modes.evaluate import evaluate
 from gte_pro.modes.fit import fit
+from gte_pro.modes.merge import merge
 from gte_pro.modes.mine import mine
 from gte_pro.modes.score import score
 from gte_pro.utils.files import write_json_atomic
@@ -32,12 +33,12 @@ from gte_pro.utils.quiet import quiet_third_party
 
 log = logging.getLogger(__name__)
 
-MODES = {"train": fit, "eval": evaluate, "mine": mine, "score": score}
+MODES = {"train": fit, "eval": evaluate, "mine": mine, "score": score, "merge": merge}
 
 
 def train(cfg: DictConfig) -> float | None:
-    """Run ``cfg.mode`` (train: fit + export; eval: evaluate only; mine: hard negatives; score: teacher scores);
-    return ``cfg.optimized_metric`` (None for mine and score)."""
+    """Run ``cfg.mode`` (train: fit + export; eval: evaluate only; mine: hard negatives; score: teacher scores; merge:
+    a model soup); return ``cfg.optimized_metric`` (None for mine and score)."""
     quiet_third_party()  # the log keeps what a user can act on (gte_pro.utils.quiet)
     check_config(cfg)  # a wrong type, range or mode fails here, naming the key, not as a TypeError deep inside
     mode = cfg.get("mode", "train")

@@ -125,6 +125,15 @@ def text(optional: bool = False) -> Rule:
     return Rule(check, "non-empty string" + (" or null" if optional else ""))
 
 
+def text_list() -> Rule:
+    """A list of non-empty strings (paths), possibly empty."""
+    def check(value: Any) -> str | None:
+        if isinstance(value, list | tuple) and all(isinstance(v, str) and v.strip() for v in value):
+            return None
+        return "expected a list of folders, e.g. [<run A>/model,<run B>/model]"
+    return Rule(check, "a list of folders")
+
+
 def teachers() -> Rule:
     """A teacher (a non-empty string), a list of them (an ensemble), or null."""
     def check(value: Any) -> str | None:

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 ERROR_FILE = "error.txt"
 INTERRUPTED_FILE = "interrupted.json"  # written by a job stopped on SIGTERM/SIGINT (gte_pro.train), removed on restart
+SOUP_DIR = "soup"  # sweep.soup: the soup of the sweep's finished runs (gte_pro.modes.soup)
 
 
 def _last_line(text: str) -> str:
@@ -61,9 +62,33 @@ def summarize_sweep(sweep_dir: Path, metric: str = "val/ndcg@10") -> list[dict[s
             if blob.get("val_before"):
                 row[f"{metric} before"] = blob["val_before"].get(metric)
         rows.append(row)
+    rows += soup_rows(sweep_dir)
     rows.sort(key=lambda r: -(r.get(metric) if isinstance(r.get(metric), float) else float("-inf")))
     write_summary(sweep_dir, rows)
     return rows
+
+
+def soup_rows(sweep_dir: Path) -> list[dict[str, Any]]:
+    """The row of ``<sweep dir>/soup`` (sweep.soup), and its table with each member's validation as
+    ``<sweep dir>/soup.md``; [] without a soup."""
+    metrics_file = sweep_dir / SOUP_DIR / "metrics.json"
+    if not metrics_file.is_file():
+        return []
+    blob = json.loads(metrics_file.read_text())
+    members = [Path(member["model"]).parent.name for member in blob.get("members", [])]
+    steps = blob.get("greedy_steps") or []
+    kept = [Path(step["member"]).parent.name for step in steps if step.get("kept")] if steps else members
+    metric = blob.get("metric", "val/ndcg@10")
+    lines = [f"# Soup of the sweep's runs ({blob.get('method')})", "",
+             markdown_table(["job", metric, *(["greedy"] if steps else [])],
+                            [[name, member["val"].get(metric),
+                              *(["kept" if name in kept else "skipped"] if steps else [])]
+                             for name, member in zip(members, blob.get("members", []), strict=True)]
+                            + [[f"soup ({blob.get('method')})", blob.get("val", {}).get(metric),
+                                *([""] if steps else [])]], numeric=[False, True, *([False] if steps else [])])]
+    write_text_atomic(sweep_dir / "soup.md", "\n".join(lines))
+    return [{"job": SOUP_DIR, "overrides": f"sweep.soup={blob.get('method')} of jobs {', '.join(kept)}",
+             "status": "ok", **blob.get("val", {})}]
 
 
 def write_summary(sweep_dir: Path, rows: Sequence[dict[str, Any]]) -> None:

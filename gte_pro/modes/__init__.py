@@ -6,4 +6,5 @@
 - ``evaluate``: ``mode=eval`` (evaluate any encoder, write metrics.json + metrics.md).
 - ``mine``: ``mode=mine`` (hard negatives for the training rows).
 - ``score``: ``mode=score`` (teacher scores for the training rows: pos_scores / neg_scores).
+- ``merge``: ``mode=merge`` (a model soup of fine-tunes: uniform, greedy or slerp; validated and exported).
 """

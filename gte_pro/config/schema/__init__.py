@@ -1,4 +1,5 @@
-"""The types and defaults of the config groups whose keys are ours: data, model, loss, eval, mine, score.
+"""The types and defaults of the config groups whose keys are ours: data, model, loss, eval, mine, score, merge,
+sweep.
 
 Each schema is the one place that states a key's type, default, meaning and rule (``setting`` in ``types``: the
 dataclass field's metadata holds the one-line meaning and the ``gte_pro.config.rules.Rule``). Each dataclass is a
@@ -32,6 +33,7 @@ from gte_pro.config.schema.loss import (
     MarginMSESchema,
     PointwiseBCESchema,
 )
+from gte_pro.config.schema.merge import MergeSchema, SweepSchema
 from gte_pro.config.schema.mining import MineSchema
 from gte_pro.config.schema.model import CrossEncoderSchema, EncoderSchema
 from gte_pro.config.schema.run import RunSchema, TrainerSchema
@@ -46,17 +48,19 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "eval": {"default": EvalSchema},
     "mine": {"default": MineSchema},
     "score": {"default": ScoreSchema},
+    "merge": {"default": MergeSchema},
+    "sweep": {"default": SweepSchema},
 }
 
 
 # the groups with one schema whatever the option (no _target_ picks it); "" is the top level
 FIXED_SCHEMAS: dict[str, type] = {"": RunSchema, "trainer": TrainerSchema, "eval": EvalSchema, "mine": MineSchema,
-                                  "score": ScoreSchema}
+                                  "score": ScoreSchema, "merge": MergeSchema, "sweep": SweepSchema}
 
 
 def schema_for(group: str, target: object) -> type | None:
-    """The schema of ``group`` whose ``_target_`` is ``target`` (the fixed one for eval, mine, score, trainer and the
-    top level); None for a class of the user's own."""
+    """The schema of ``group`` whose ``_target_`` is ``target`` (the fixed one for eval, mine, score, merge, sweep,
+    trainer and the top level); None for a class of the user's own."""
     if group in FIXED_SCHEMAS:
         return FIXED_SCHEMAS[group]
     target = OLD_TARGETS.get(target, target) if isinstance(target, str) else target

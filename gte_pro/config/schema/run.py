@@ -12,7 +12,7 @@ from gte_pro.config.rules import FLAG as IS_FLAG
 from gte_pro.config.schema.types import FLAG, setting
 from gte_pro.launch.resume import RESUME_CHOICES
 
-MODES = ("train", "eval", "mine", "score")
+MODES = ("train", "eval", "mine", "score", "merge")
 TASKS = ("embed", "rerank")
 
 
@@ -22,7 +22,8 @@ class RunSchema:
 
     task_name: str = setting("train", "names the output folders: outputs/<task_name>/..., multirun/<task_name>/...")
     mode: str = setting("train", "train: fit, validate, export; eval: evaluate model=... on eval.beir; mine: hard "
-                        "negatives for the training rows; score: teacher scores for every row", choice(*MODES))
+                        "negatives for the training rows; score: teacher scores for every row; merge: a model soup "
+                        "of merge.models", choice(*MODES))
     task: str = setting("embed", "embed: train an embedder; rerank: a reranker (the task/ group)", choice(*TASKS))
     seed: int = setting(42, "seeds Python, numpy and torch on every rank", SEED)
     devices: Any = setting(1, "devices (GPUs, or CPU processes) per node", DEVICES)
