@@ -24,7 +24,7 @@ def _training_documents(module: JsonlDataModule) -> set[str]:
 
 def test_every_training_document_joins_the_held_out_corpus(pairs_file, tokenizer, tmp_path, caplog):
     alone = _module(pairs_file, tokenizer, tmp_path / "c", val_distractors=0)
-    with caplog.at_level(logging.INFO, logger="gte_pro.data.base"):
+    with caplog.at_level(logging.INFO, logger="gte_pro.data.validation"):
         searched = _module(pairs_file, tokenizer, tmp_path / "c", val_distractors=None)
     training = _training_documents(searched)
     assert len(training) == 3 * len(searched.train_rows)  # 60 rows' distinct positives and negatives, less held out

@@ -25,7 +25,7 @@ from gte_pro.data.records import CleaningReport, Example, iter_clean_examples
 from gte_pro.data.row_contents import cap_validation, distill_problem, negatives_per_row, rows_problem
 from gte_pro.data.sampling import EpochSampler, ResumableLoader
 from gte_pro.data.split import training_stream
-from gte_pro.data.validation import ValidationSets, training_distractors, validation_warnings
+from gte_pro.data.validation import ValidationSets, held_out_set
 from gte_pro.errors import DataError
 from gte_pro.retrieval import RetrievalSet
 from gte_pro.utils.cache import cache_root
@@ -223,15 +223,7 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
         self.token_cache = cache
         self.num_negatives = self._negatives_per_row(cache)
         self._check_distillable(cache)
-        # the held-out queries are searched over the documents of the training rows too (gte_pro.data.validation)
-        held_out = RetrievalSet.from_examples(val, distractors)
-        distractors = distractors + training_distractors(cache, self.val_distractors, held_out.corpus)
-        self.retrieval = RetrievalSet.from_examples(val, distractors)
-        log.info("data: %d training pairs (token cache %s); validation: %d queries over a corpus of %d documents "
-                 "(%d of them from the training rows)", len(cache), cache.folder, len(self.retrieval.queries),
-                 len(self.retrieval.corpus), len(self.retrieval.corpus) - len(held_out.corpus))
-        for line in validation_warnings(self.retrieval):
-            log.warning("%s", line)
+        self.retrieval = held_out_set(cache, val, distractors, self.val_distractors)
 
     def _check_distillable(self, cache: TokenizedCache) -> None:
         """A distillation loss learns the teacher's scores of each row's positive and negatives: rows without

@@ -23,6 +23,7 @@ from gte_pro.data.cache import TokenizedCache
 from gte_pro.data.collaborators import CandidateSource, EvalSetSource, PairJoiner
 from gte_pro.data.collate import CandidateCollator, EvalCollator, GroupCollator, TokenCollator
 from gte_pro.data.datasets import CandidatePairs, EvalTextsCache
+from gte_pro.data.records import Example
 from gte_pro.retrieval import RetrievalSet
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,22 @@ def training_distractors(cache: TokenizedCache, limit: int | None, known: Sequen
                 if limit is not None and len(found) >= limit:
                     return list(found)
     return list(found)
+
+
+def held_out_set(cache: TokenizedCache, val: Sequence[Example], distractors: Sequence[str],
+                 val_distractors: int | None) -> RetrievalSet:
+    """The held-out split as a retrieval set: its queries searched over its own documents, ``distractors`` (a
+    source's, e.g. a BEIR corpus's) and up to ``val_distractors`` documents of the training rows; logged with its
+    size, and with a warning when it is too small to tell recipes apart."""
+    held_out = RetrievalSet.from_examples(val, distractors)
+    retrieval = RetrievalSet.from_examples(val, [*distractors, *training_distractors(cache, val_distractors,
+                                                                                     held_out.corpus)])
+    log.info("data: %d training pairs (token cache %s); validation: %d queries over a corpus of %d documents "
+             "(%d of them from the training rows)", len(cache), cache.folder, len(retrieval.queries),
+             len(retrieval.corpus), len(retrieval.corpus) - len(held_out.corpus))
+    for line in validation_warnings(retrieval):
+        log.warning("%s", line)
+    return retrieval
 
 
 def validation_warnings(retrieval: RetrievalSet, name: str = "held-out split") -> list[str]:

@@ -21,7 +21,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from gte_pro.config.cross_keys import DISTILL_LOSSES
 from gte_pro.data.validation import saturation_warnings
-from gte_pro.errors import ConfigError
 from gte_pro.evaluation.report import below_val_before, merge_results, metrics_table, optimized_value
 from gte_pro.evaluation.sets import eval_set_source
 from gte_pro.export.cross_encoder import export_cross_encoder, release_reranker
@@ -51,6 +50,7 @@ from gte_pro.modes.build import (
 from gte_pro.modes.handoff import after_reranker
 from gte_pro.training.base_module import TrainingModule
 from gte_pro.training.callbacks import DecontaminationRecord, Throughput, ValidationRecord
+from gte_pro.training.lr_find import find_lr
 from gte_pro.training.memory import MemoryPlan
 from gte_pro.training.memory_plan import memory_record, plan_memory
 from gte_pro.utils.files import write_json_atomic
@@ -61,27 +61,6 @@ from gte_pro.utils.timing import PhaseTimes
 log = logging.getLogger(__name__)
 
 VAL_BEFORE = "val_before.json"
-
-
-def run_lr_find(trainer: Trainer, module: TrainingModule, datamodule: Any, output_dir: Path,
-                num_training: int = 100) -> float:
-    """Lightning's learning-rate range test; saves the plot and sets the module's lr to the suggestion.
-
-    The whole sweep is recorded (no early stop on divergence): the suggestion needs the full curve.
-    """
-    from lightning.pytorch.tuner import Tuner
-
-    if trainer.world_size > 1:
-        raise ConfigError("lr_find=true runs on one device: drop strategy=ddp/devices>1 for the search, "
-                         "then train with the suggested model.lr")
-    finder = Tuner(trainer).lr_find(module, datamodule=datamodule, update_attr=True, attr_name="lr",
-                                    num_training=num_training, early_stop_threshold=None)
-    if finder is None or finder.suggestion() is None:
-        raise RuntimeError("the learning-rate finder produced no suggestion (loss curve too short or flat)")
-    figure = finder.plot(suggest=True)
-    figure.savefig(output_dir / "lr_find.png")
-    log.info("lr_find: suggested lr %.3g (plot: %s)", finder.suggestion(), output_dir / "lr_find.png")
-    return float(finder.suggestion())
 
 
 def _best_checkpoint(trainer: Trainer) -> str | None:
@@ -123,7 +102,7 @@ def fit(cfg: DictConfig) -> float | None:
     with _wandb_run_closed(run.loggers):
         for lg in run.loggers:
             lg.log_hyperparams(redact_secrets(OmegaConf.to_container(cfg, resolve=True)))
-        suggested_lr = _find_lr(run)
+        suggested_lr = find_lr(run.cfg, run.trainer, run.module, run.datamodule, run.output_dir, run.ckpt_path)
         with times.phase("validation before"):
             before = _validate_before(run)
         if before:
@@ -193,15 +172,6 @@ def _wandb_run_closed(loggers: list[Logger]) -> Iterator[None]:
             import wandb
 
             wandb.finish(exit_code=1 if failed else 0)
-
-
-def _find_lr(run: Run) -> float | None:
-    """``lr_find=true``: the suggested learning rate, which the module then trains with (not on a resumed run)."""
-    if run.cfg.get("lr_find") and run.ckpt_path:
-        log.info("lr_find: skipped, the run resumes from %s with its optimizer's learning rate", run.ckpt_path)
-    elif run.cfg.get("lr_find"):
-        return run_lr_find(run.trainer, run.module, run.datamodule, run.output_dir, run.cfg.get("lr_find_steps", 100))
-    return None
 
 
 def _parameter_counts(encoder: Encoder) -> dict[str, int]:

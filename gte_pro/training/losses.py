@@ -14,14 +14,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from gte_pro.errors import ConfigError
+from gte_pro.training.gather import gather_with_grad
 from gte_pro.training.partition import contrastive_cross_entropy
 from gte_pro.training.quantization_aware import fit_ranges_buffer, quantized_batch, ranges_for_step
-from gte_pro.utils.distributed import is_distributed
 
 
 @dataclass
@@ -75,42 +74,6 @@ class GlobalBatch:
 
         return GlobalBatch(self.query[..., :dim], self.positive[..., :dim], self.candidates[..., :dim],
                            cut(self.queries_all), self.offset, self.num_negatives, cut(self.negatives), self.teacher)
-
-
-class _GatherRows(torch.autograd.Function):
-    """all_gather along dim 0 whose backward hands each rank the sum over ranks of the gradients of its own rows.
-
-    Written here rather than taken from ``torch.distributed.nn``: that one is deprecated, and on gloo its backward
-    emulates reduce-scatter with a scatter per rank, which left processes aborting at exit ("terminate called
-    without an active exception"). NCCL has reduce-scatter; gloo gets an all_reduce and keeps its slice.
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # noqa: ANN001 - autograd's context
-        world = dist.get_world_size()
-        out = x.new_empty((world * x.shape[0], *x.shape[1:]))
-        dist.all_gather_single(out, x.contiguous())
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
-        world, rank = dist.get_world_size(), dist.get_rank()
-        rows = grad.shape[0] // world
-        grad = grad.contiguous()
-        if dist.get_backend() == dist.Backend.NCCL:
-            mine = grad.new_empty((rows, *grad.shape[1:]))
-            dist.reduce_scatter_single(mine, grad)
-            return mine
-        grad = grad.clone()  # all_reduce works in place; autograd's incoming gradient is not ours to change
-        dist.all_reduce(grad)
-        return grad[rank * rows:(rank + 1) * rows]
-
-
-def gather_with_grad(x: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """All ranks' ``x`` concatenated along dim 0 (gradients flow back to their owners) and this rank's offset."""
-    if not is_distributed():
-        return x, 0
-    return _GatherRows.apply(x), dist.get_rank() * x.shape[0]
 
 
 class ContrastiveLoss(nn.Module, abc.ABC):
