@@ -109,7 +109,8 @@ def per_query(a: argparse.Namespace, data: Path, folder: Path, own: float | None
 def st_peer_payload(seed: int, a: argparse.Namespace, data: Path) -> dict[str, Any]:
     return {"train_file": str(data / "train.jsonl"), "out": str(run_dir("st-peer", seed, a)), "seed": seed,
             "model": a.model, "lr": a.lr, "batch_size": a.batch_size, "max_length": a.max_length,
-            "epochs": a.epochs, "negatives": NEGATIVES, **WINDOW, "overrides": list(a.override)}
+            "epochs": a.epochs, "negatives": NEGATIVES, **WINDOW,
+            "overrides": [f"paths.cache_dir={Path(a.workdir) / 'cache'}", *a.override]}
 
 
 def st_peer_command(seed: int, a: argparse.Namespace, data: Path) -> list[str]:
