@@ -34,6 +34,8 @@ SETS = ("pydocs", "stdcode")
 _SKIP_PARTS = frozenset({"test", "tests", "idlelib", "lib2to3", "turtledemo", "site-packages", "ensurepip",
                          "__pycache__"})
 MIN_QUERY_CHARS, MAX_QUERY_CHARS, MIN_CODE_CHARS, MAX_CODE_CHARS = 15, 300, 80, 2000
+# data=jsonl needs a validation split: a run holds out this share of train.jsonl (a hash of the query)
+VAL_FRACTION = 0.05
 
 
 @dataclass(frozen=True)
@@ -139,13 +141,18 @@ def build_stdcode(out_dir: str | Path, max_train: int = 2000, max_test: int = 50
     return sizes(out)
 
 
-def sizes(folder: Path) -> dict[str, int]:
-    """Training pairs, test queries and documents of a set folder."""
-    def lines(path: Path) -> int:
-        return sum(1 for line in path.open(encoding="utf-8") if line.strip())
+def sizes(folder: Path, val_fraction: float = VAL_FRACTION) -> dict[str, int]:
+    """Pairs in train.jsonl, those a run trains on (the rest: its held-out split, ``data.val_fraction``), test
+    queries and documents of a set folder."""
+    from gte_pro.data.split import is_held_out
 
-    return {"train_pairs": lines(folder / "train.jsonl"), "test_queries": lines(folder / "beir" / "queries.jsonl"),
-            "documents": lines(folder / "beir" / "corpus.jsonl")}
+    def lines(path: Path) -> list[str]:
+        return [line for line in path.open(encoding="utf-8") if line.strip()]
+
+    pairs = lines(folder / "train.jsonl")
+    held = sum(is_held_out(" ".join(json.loads(line)["query"].split()), val_fraction) for line in pairs)
+    return {"pairs": len(pairs), "train_pairs": len(pairs) - held, "test_queries": len(lines(folder / "beir" /
+            "queries.jsonl")), "documents": len(lines(folder / "beir" / "corpus.jsonl"))}
 
 
 def build_set(name: str, workdir: Path, max_train: int, max_test: int, dry_run: bool = False) -> Path:
