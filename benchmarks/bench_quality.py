@@ -127,10 +127,20 @@ def plan(args: argparse.Namespace, name: str, data: Path) -> list[tuple[list[str
     return steps
 
 
-def read_ours(a: argparse.Namespace, data: Path, folder: Path) -> Result:
+def read_ours(data: Path, folder: Path) -> Result:
     metrics = json.loads((folder / "metrics.json").read_text())
-    own = (metrics.get("val") or {}).get(f"val/{(data / 'beir').name}/ndcg@10")
-    return {"ndcg": own, "steps": metrics.get("global_step"), **q.per_query(a, data, folder, own)}
+    return {"ndcg": (metrics.get("val") or {}).get(f"val/{(data / 'beir').name}/ndcg@10"),
+            "steps": metrics.get("global_step")}
+
+
+def with_per_query(result: Result, command: list[str], a: argparse.Namespace, data: Path, folder: Path) -> Result:
+    """The run's per-query scores, computed once (also for a kept run without them) and kept in its record."""
+    if result.get("ndcg") is None or result.get("per_query") or a.report:
+        return result
+    stale = ("per_query_error", "per_query_mismatch")  # of an earlier try
+    result = {**{k: v for k, v in result.items() if k not in stale}, **q.per_query(a, data, folder, result["ndcg"])}
+    keep(command, folder.with_suffix(".json"), result)
+    return result
 
 
 def run_peer(seed: int, a: argparse.Namespace, data: Path) -> Result:
@@ -168,8 +178,9 @@ def run_set(args: argparse.Namespace, name: str) -> tuple[list[Result], dict[str
             return {**row, "error": f"{failed} failed: {steps[failed]['error']}"}
         if variant == "st-peer":
             return run_peer(seed, a, data)
-        return train_recorded(q.train_command(variant, seed, a, data), q.run_dir(variant, seed, a), row, a,
-                              lambda folder: read_ours(a, data, folder))
+        command, folder = q.train_command(variant, seed, a, data), q.run_dir(variant, seed, a)
+        got = train_recorded(command, folder, row, a, lambda done: read_ours(data, done))
+        return with_per_query(got, command, a, data, folder)
 
     early = [v for v in args.variant_list if v not in LATE]
     rows = [one(v, s) for s in args.seed_list for v in early]

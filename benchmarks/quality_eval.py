@@ -45,11 +45,20 @@ def main(out: str, overrides: list[str]) -> None:
         return metrics
 
     module.evaluate_distributed = recording
-    import train
-    from gte_pro.errors import run_cli
+    import hydra
+
+    from gte_pro.errors import exit_on_user_error, run_cli
+    from gte_pro.train import train
+
+    # train.py's own entry point, with its config folder named absolutely (imported, train.py's relative "conf"
+    # would be looked up as a Python package)
+    @hydra.main(version_base="1.3", config_path=str(REPO / "conf"), config_name="train")
+    def entry(cfg):  # noqa: ANN001, ANN202
+        with exit_on_user_error():
+            return train(cfg)
 
     sys.argv = [str(REPO / "train.py"), *overrides]
-    run_cli(train.main)
+    run_cli(entry)
 
 
 if __name__ == "__main__":
