@@ -177,3 +177,42 @@ def train_recorded(command: list[str], folder: Path, row: Result, args: argparse
 def mean_std(values: list[float]) -> dict[str, float | None]:
     return {"mean": statistics.mean(values), "std": statistics.stdev(values) if len(values) > 1 else None,
             "n": len(values)}
+
+
+def paired_bootstrap(variant: Sequence[Sequence[float]], reference: Sequence[Sequence[float]],
+                     resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """(mean difference, 2.5th, 97.5th percentile) of ``variant - reference`` per query, paired: one array of
+    per-query scores per set (each already averaged over seeds), the queries of each set resampled with
+    replacement (a fixed ``numpy`` generator), the difference averaged within each set and then over the sets."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    diffs = [np.asarray(v, dtype=np.float64) - np.asarray(r, dtype=np.float64)
+             for v, r in zip(variant, reference, strict=True)]
+    means = np.zeros(resamples)
+    for d in diffs:
+        means += d[rng.integers(0, len(d), size=(resamples, len(d)))].mean(axis=1)
+    means /= len(diffs)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return float(np.mean([d.mean() for d in diffs])), float(low), float(high)
+
+
+def planned_duration(plan: Sequence[tuple[list[str], Path, float]], args: argparse.Namespace,
+                     rates: str) -> str:
+    """The line printed before a benchmark starts: how many of ``plan``'s (command, record, modelled seconds) are
+    kept (``--reuse``: a record of the same command) and how long the rest should take: the modelled seconds
+    (``rates`` says from what), scaled by measured / modelled over the kept runs when there are any."""
+    kept, kept_s, measured, modelled = 0, 0.0, 0.0, 0.0
+    for command, record, seconds in plan:
+        blob = json.loads(record.read_text()) if args.reuse and record.is_file() else {}
+        if blob.get("command") == command:
+            kept, kept_s = kept + 1, kept_s + seconds
+            wall = (blob.get("result") or {}).get("wall_s") if isinstance(blob.get("result"), dict) else None
+            if wall:
+                measured, modelled = measured + wall, modelled + seconds
+    todo = sum(seconds for _, _, seconds in plan) - kept_s
+    factor = measured / modelled if modelled else 1.0
+    how = (f"modelled x {factor:.2f}, the measured / modelled time of the {kept} finished run(s)" if modelled
+           else f"modelled from {rates}; no finished run to measure from")
+    return (f"planned: {len(plan) - kept} of {len(plan)} runs to do ({kept} kept), about "
+            f"{todo * factor / 3600:.1f} h ({how})")

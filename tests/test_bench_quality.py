@@ -1,0 +1,123 @@
+"""benchmarks/bench_quality.py without training anything: the paired bootstrap, the planned command list of
+--dry-run (every row, the same seeds, the same mined file), --reuse's records and the table's decisions."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+
+BENCH = REPO / "benchmarks"
+sys.path.insert(0, str(BENCH))  # the benchmark scripts import their siblings and harness/
+
+import pydocs_runs  # noqa: E402
+
+
+def _bench():
+    if "bench_quality" in sys.modules:
+        return sys.modules["bench_quality"]
+    spec = importlib.util.spec_from_file_location("bench_quality", BENCH / "bench_quality.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_quality"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_paired_bootstrap_of_identical_scores_is_zero_and_of_a_shift_is_the_shift():
+    rng = np.random.default_rng(3)
+    a = rng.random(300)
+    assert pydocs_runs.paired_bootstrap([a], [a]) == (0.0, 0.0, 0.0)
+    delta, low, high = pydocs_runs.paired_bootstrap([a + 0.03], [a])
+    assert delta == pytest.approx(0.03) and low == pytest.approx(0.03) and high == pytest.approx(0.03)
+    # over two sets: each set's mean difference, averaged
+    delta, low, high = pydocs_runs.paired_bootstrap([a + 0.02, a[:50] - 0.04], [a, a[:50]])
+    assert (delta, low, high) == pytest.approx((-0.01, -0.01, -0.01))
+
+
+def test_paired_bootstrap_is_seeded_and_brackets_the_mean():
+    rng = np.random.default_rng(0)
+    ref = rng.random(400)
+    var = ref + rng.normal(0.01, 0.05, 400)
+    first = pydocs_runs.paired_bootstrap([var], [ref], resamples=500, seed=0)
+    assert first == pydocs_runs.paired_bootstrap([var], [ref], resamples=500, seed=0)
+    assert first[1] < first[0] < first[2] and first[2] - first[1] < 0.02
+
+
+def test_dry_run_plans_every_row_at_the_same_seeds_without_writing(tmp_path: Path, capsys):
+    bench = _bench()
+    bench.main(["--dry-run", "--workdir", str(tmp_path), "--seeds", "1,2,3"])
+    out = capsys.readouterr().out
+    assert out.startswith("commands (in this order):") and "planned: " in out and "raw results" not in out
+    assert not list(tmp_path.iterdir())  # nothing built, run or written
+    args = bench.parse_args(["--workdir", str(tmp_path), "--seeds", "1,2,3"])
+    for name in ("pydocs", "stdcode"):
+        commands = [" ".join(c) for c, _, _ in bench.plan(args, name, tmp_path / "sets" / name)]
+        mined = f"data.train_file={tmp_path / name / 'mined.jsonl'}"
+        assert sum(" mode=mine " in c and "mine.num_negatives=7 mine.range_min=10 mine.range_max=50 "
+                   "mine.relative_margin=0.05" in c for c in commands) == 1
+        for variant in bench.q.OURS:
+            runs = [c for c in commands if f"hydra.run.dir={tmp_path / name / 'runs' / variant}/seed" in c]
+            assert len(runs) == 3 and all(mined in c and "trainer.max_epochs=1" in c for c in runs)
+            assert [f"seed={s}" in c for s, c in zip((1, 2, 3), runs, strict=True)] == [True] * 3
+            assert not any("trainer.max_steps" in c for c in runs)
+        by_variant = {v: next(c for c in commands if f"hydra.run.dir={tmp_path / name / 'runs' / v}/seed1" in c)
+                      for v in bench.q.OURS}
+        assert "data.num_negatives=0" in by_variant["inbatch"] and "data.num_negatives=3" in by_variant["mined-3"]
+        assert "loss.false_negative_margin=0.1 loss.hardness_alpha=5" in by_variant["mined-7-both"]
+        assert "loss.temperature=0.02" in by_variant["mined-7-t0.02"]
+        assert "loss.temperature=0.05" in by_variant["mined-7"]
+        score = next(c for c in commands if " mode=score " in c)
+        assert "runs/mined-7/seed1/model" in score and "runs/mined-7/seed2/model" in score
+        students = [c for c in commands if "experiment=distill" in c]
+        assert len(students) == 3 and commands.index(score) < commands.index(students[0])
+        assert commands.index(score) > max(i for i, c in enumerate(commands) if "hydra.run.dir=" in c
+                                           and "/runs/mined-7/seed" in c.split("hydra.run.dir=")[1])
+        peers = [c for c in commands if "st_peer" in c]
+        assert len(peers) == 3 and '"range_min": 10' in peers[0] and '"negatives": 7' in peers[0]
+
+
+def test_reuse_keeps_a_run_only_with_the_same_command(tmp_path: Path):
+    bench = _bench()
+    args = bench.parse_args(["--workdir", str(tmp_path), "--seeds", "1", "--variants", "inbatch,mined-7",
+                             "--sets", "pydocs", "--reuse"])
+    data = tmp_path / "sets" / "pydocs"
+    planned = bench.plan(args, "pydocs", data)
+    command, record, _ = planned[2]
+    record.parent.mkdir(parents=True)
+    pydocs_runs.keep(command, record, {"wall_s": 100.0, "eval_s": 20.0, "ndcg": 0.8})
+    assert pydocs_runs.recorded(command, record, args) == {"wall_s": 100.0, "eval_s": 20.0, "ndcg": 0.8}
+    assert pydocs_runs.recorded([*command, "seed=9"], record, args) is None
+    line = pydocs_runs.planned_duration(planned, args, "rates")
+    assert line.startswith(f"planned: {len(planned) - 1} of {len(planned)} runs to do (1 kept)")
+    assert "measured / modelled time of the 1 finished run" in line
+    args.reuse = False
+    assert pydocs_runs.recorded(command, record, args) is None
+    assert "no finished run" in pydocs_runs.planned_duration(planned, args, "rates")
+
+
+def test_table_decides_against_mined_7_and_reports_the_soup(tmp_path: Path):
+    bench = _bench()
+    args = bench.parse_args(["--workdir", str(tmp_path), "--seeds", "1,2", "--sets", "pydocs,stdcode",
+                             "--variants", "mined-7,mined-7-fnm,inbatch,soup"])
+    base = np.linspace(0.2, 0.9, 50)
+    shift = {"mined-7": 0.0, "mined-7-fnm": 0.05, "inbatch": -0.05}
+    rows = [{"set": s, "variant": v, "seed": seed, "ndcg": float(np.mean(base + d)), "per_query": list(base + d),
+             "wall_s": 10.0} for s in args.set_list for v, d in shift.items() for seed in (1, 2)]
+    rows += [{"set": s, "variant": "soup", "seed": seed, "skipped": bench.SOUP} for s in args.set_list
+             for seed in (1, 2)]
+    steps = {s: {"mine": {"wall_s": 5.0}} for s in args.set_list}
+    table = {(r["set"], r["variant"]): r for r in bench.summarize(rows, args, steps)}
+    assert table["pydocs", "mined-7-fnm"]["decision"] == "better"
+    assert table["all", "inbatch"]["decision"] == "worse"
+    assert table["all", "inbatch"]["delta"] == pytest.approx(-0.05)
+    assert "delta" not in table["pydocs", "mined-7"]  # the reference
+    assert table["pydocs", "mined-7"]["pipeline_s"] == 15.0 and table["pydocs", "inbatch"]["pipeline_s"] == 10.0
+    assert table["stdcode", "soup"]["skipped"].startswith("not available: needs mode=merge")
+    printed = json.dumps(list(table.values()), default=str)
+    assert "NaN" not in printed
