@@ -24,7 +24,7 @@ validation after the epoch only, no checkpoints), ``trainer.max_epochs=1`` (no s
   distill-ensemble   ``mode=score score.teacher=[<mined-7 seed A>/model,<seed B>/model]`` (the first two seeds) on
                      mined.jsonl, then ``experiment=distill`` (distill_kl + InfoNCE, 7 negatives) on its file,
                      loss.teacher_temperature=--ensemble-temperature
-  soup               a greedy soup of a sweep: needs ``mode=merge``, which does not exist yet (reported as such)
+  soup               a greedy soup of a sweep: ``mode=merge`` exists, the benchmark does not drive it yet
   st-peer            sentence-transformers: ``util.mine_hard_negatives`` (7 negatives, range_min=10, range_max=50,
                      relative_margin=0.05, top) and its trainer with MultipleNegativesRankingLoss (scale 20), the same
                      model, lr, batch, epoch, seed and schedule; scored by our evaluation
@@ -68,7 +68,7 @@ from pydocs_runs import (
 )
 from quality_sets import SETS, build_set, sizes
 
-SOUP = "not available: needs mode=merge (merge.models=[...] merge.method=greedy)"
+SOUP = "not available: the benchmark does not drive mode=merge (merge.method=greedy) yet"
 LATE = ("distill-ensemble",)  # after every seed's mined-7: its members
 
 

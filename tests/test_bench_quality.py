@@ -118,6 +118,6 @@ def test_table_decides_against_mined_7_and_reports_the_soup(tmp_path: Path):
     assert table["all", "inbatch"]["delta"] == pytest.approx(-0.05)
     assert "delta" not in table["pydocs", "mined-7"]  # the reference
     assert table["pydocs", "mined-7"]["pipeline_s"] == 15.0 and table["pydocs", "inbatch"]["pipeline_s"] == 10.0
-    assert table["stdcode", "soup"]["skipped"].startswith("not available: needs mode=merge")
+    assert table["stdcode", "soup"]["skipped"].startswith("not available: the benchmark does not drive mode=merge")
     printed = json.dumps(list(table.values()), default=str)
     assert "NaN" not in printed
