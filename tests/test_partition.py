@@ -256,3 +256,11 @@ def test_gradcache_gives_the_full_batchs_loss_and_gradients(loss_cls):
 def test_out_of_range_values_are_named_by_the_config_check(make_cfg, overrides, problem):
     problems = config_problems(make_cfg(overrides))
     assert any(p.startswith(problem) for p in problems), problems
+
+
+# --- kill-resume: the options keep no state, so a stopped and resumed run ends as an uninterrupted one -----------
+@pytest.mark.slow
+def test_a_run_with_both_options_stopped_mid_epoch_resumes_bit_identical(make_cfg, tmp_path):
+    from tests.test_resume import RUN, stop_at_step_7_and_resume
+
+    stop_at_step_7_and_resume(make_cfg, tmp_path, [*RUN, "loss.false_negative_margin=0.0", "loss.hardness_alpha=5"])
