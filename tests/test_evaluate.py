@@ -186,7 +186,9 @@ def test_a_run_tokenizes_its_validation_texts_once_and_validates_each_weights_on
                    output_dir=tmp_path / "run")
     train(cfg)
     report = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert sizes == [32, 1266]  # the held-out split's queries and corpus, tokenized for the first validation only
+    # the held-out split's queries and corpus (1,266 documents, plus the 64 training rows' positives as
+    # distractors: data.val_distractors), tokenized for the first validation only
+    assert sizes == [32, 1266 + 64]
     # before training, after each of the 2 epochs (4 steps each); the best checkpoint is one of those weights
     assert validations == [0, 4, 8]
     assert int(Path(report["best_checkpoint"]).stem.split("step")[-1]) in (4, 8)

@@ -96,6 +96,11 @@ def test_a_student_is_a_bar_only_below_the_ceiling_of_the_rows_it_mined(make_cfg
     assert "less often than the student the-miner" in refused and "teacher_temperature" not in refused
     assert "at the ceiling" not in judgement_line(record(0.95, 0.97))
     assert "in only 0.850" in weak_teacher_problem("f.jsonl", record(0.85, 0.999), "distill_kl", None)
+    # the floor is for a student at the ceiling only: a teacher above a comparable student, or judged without one,
+    # is not held to it
+    assert weak_teacher_problem("f.jsonl", record(0.6, 0.5), "distill_kl", None) is None
+    alone = {**record(0.3, 0.5), "student": None, "student_figures": None}
+    assert weak_teacher_problem("f.jsonl", alone, "distill_kl", None) is None
 
 
 def test_a_near_uniform_teacher_is_refused_at_the_temperature_it_is_read_at(make_cfg, tmp_path: Path):

@@ -173,17 +173,19 @@ def comparable_student(student: dict[str, Any]) -> bool:
 def weak_teacher_problem(scored: str | Path, record: dict[str, Any], loss: str,
                          temperature: float | None) -> str | None:
     """Why the teacher of ``scored`` should not teach (``record``: its teacher record), or None: it ranks the
-    labelled positive first less often than a student it can be compared with (``comparable_student``), or in
-    fewer than ``TEACHER_FLOOR`` of the groups, or (``loss=distill_kl``, ``temperature`` the one used) its softmax
-    is near uniform. The fix names, for each reason, the change that clears that reason: a teacher temperature
-    cannot make a teacher rank more positives first, so it is offered for the entropy only."""
+    labelled positive first less often than a student it can be compared with (``comparable_student``), or, judged
+    next to a student at the ceiling, in fewer than ``TEACHER_FLOOR`` of the groups, or (``loss=distill_kl``,
+    ``temperature`` the one used) its softmax is near uniform. The fix names, for each reason, the change that
+    clears that reason: a teacher temperature cannot make a teacher rank more positives first, so it is offered for
+    the entropy only."""
     teacher, student = record.get("teacher_figures") or {}, record.get("student_figures") or {}
     reasons, fixes = [], []
     top1 = teacher.get("top1")
     if top1 is not None and comparable_student(student) and top1 < student["top1"]:
         reasons.append(f"it ranks the labelled positive first less often than the student {record.get('student')} "
                        f"(teacher {_figures(teacher)}; student {_figures(student)})")
-    elif top1 is not None and top1 < TEACHER_FLOOR:
+    elif top1 is not None and student.get("top1") is not None and not comparable_student(student) \
+            and top1 < TEACHER_FLOOR:
         reasons.append(f"it ranks the labelled positive first in only {top1:.3f} of the rows' groups (< "
                        f"{TEACHER_FLOOR}; {_figures(teacher)})")
     if reasons:
