@@ -125,3 +125,32 @@ def _end(context: Any) -> None:
         if process.is_alive():
             process.kill()
         process.join(5)
+
+
+def loss_ranks_main(rank: int, world: int, port: int, out: str, batch: int, options: dict[str, tuple],
+                    loss_and_grads: Callable[..., tuple[torch.Tensor, list[torch.Tensor]]]) -> None:
+    """A loss on raw embeddings over 2 gloo ranks (for ``spawn_ranks``): for each of ``options`` (name -> the
+    arguments after the row slice of ``loss_and_grads(rows, *args)``), each rank computes the loss and gradients of
+    its share of ``batch`` rows; rank 0 saves ``{name: {"loss": mean over ranks, "grads": every rank's, in rank
+    order}}`` to ``out``."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        share = batch // world
+        results = {}
+        for name, args in options.items():
+            loss, grads = loss_and_grads(slice(rank * share, (rank + 1) * share), *args)
+            loss = loss.detach().clone()
+            dist.all_reduce(loss)
+            gathered = []
+            for grad in grads:  # every rank's gradients, in rank order: the whole batch's
+                parts = [torch.empty_like(grad) for _ in range(world)]
+                dist.all_gather(parts, grad.contiguous())
+                gathered.append(torch.cat(parts))
+            results[name] = {"loss": loss / world, "grads": gathered}
+        if rank == 0:
+            torch.save(results, out)
+    finally:
+        dist.destroy_process_group()
+

@@ -144,41 +144,14 @@ def _loss_and_grads(rows: slice, k: int, mask: bool) -> tuple[torch.Tensor, list
     return loss, list(torch.autograd.grad(loss, [q, pos, neg] if k else [q, pos]))
 
 
-def _rank_main(rank: int, world: int, port: int, out: str) -> None:
-    import os
-
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        share = BATCH // world
-        results = {}
-        for name, (k, mask) in DDP_OPTIONS.items():
-            loss, grads = _loss_and_grads(slice(rank * share, (rank + 1) * share), k, mask)
-            loss = loss.detach().clone()
-            dist.all_reduce(loss)
-            gathered = []
-            for grad in grads:  # every rank's gradients, in rank order: the whole batch's
-                parts = [torch.empty_like(grad) for _ in range(world)]
-                dist.all_gather(parts, grad.contiguous())
-                gathered.append(torch.cat(parts))
-            results[name] = {"loss": loss / world, "grads": gathered}
-        if rank == 0:
-            torch.save(results, out)
-    finally:
-        dist.destroy_process_group()
-
-
 def test_two_ranks_equal_one_process_on_the_concatenated_batch(tmp_path):
     """Each rank's loss is the mean over its 3 queries; the all_gather's backward sums what every rank's loss sends
     to an embedding, so a rank's gradient is world x that of the mean loss over all 6 queries."""
     from tests.conftest import free_port
-    from tests.ddp_harness import spawn_ranks
+    from tests.ddp_harness import loss_ranks_main, spawn_ranks
 
     out = tmp_path / "ddp.pt"
-    spawn_ranks(_rank_main, (2, free_port(), str(out)), tmp_path)
+    spawn_ranks(loss_ranks_main, (2, free_port(), str(out), BATCH, DDP_OPTIONS, _loss_and_grads), tmp_path)
     distributed = torch.load(out)
     for name, (k, mask) in DDP_OPTIONS.items():
         loss, grads = _loss_and_grads(slice(0, BATCH), k, mask)
