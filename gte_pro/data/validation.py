@@ -12,7 +12,7 @@ when the split is still too small or too easy to tell recipes apart, and what gi
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,7 +37,7 @@ BETTER_VALIDATION = ("a larger, harder validation: data.val_file=<a file of held
 _ROWS_PER_READ = 1024
 
 
-def training_distractors(cache: TokenizedCache, limit: int | None, known: Sequence[str] = ()) -> list[str]:
+def training_distractors(cache: TokenizedCache, limit: int | None, known: Iterable[str] = ()) -> list[str]:
     """Up to ``limit`` distinct documents of the training rows (each row's positives, then its negatives) that are
     not in ``known``; None: all of them. The rows are read in one fixed pseudo-random order (seed 0, whatever
     ``data.seed`` is): every run on the same data validates on the same corpus, and a capped corpus samples the
@@ -60,12 +60,12 @@ def held_out_set(cache: TokenizedCache, val: Sequence[Example], distractors: Seq
     """The held-out split as a retrieval set: its queries searched over its own documents, ``distractors`` (a
     source's, e.g. a BEIR corpus's) and up to ``val_distractors`` documents of the training rows; logged with its
     size, and with a warning when it is too small to tell recipes apart."""
-    held_out = RetrievalSet.from_examples(val, distractors)
-    retrieval = RetrievalSet.from_examples(val, [*distractors, *training_distractors(cache, val_distractors,
-                                                                                     held_out.corpus)])
+    known = {text for ex in val for text in (*ex.positives, *ex.negatives)} | set(distractors)
+    added = training_distractors(cache, val_distractors, known)
+    retrieval = RetrievalSet.from_examples(val, [*distractors, *added])
     log.info("data: %d training pairs (token cache %s); validation: %d queries over a corpus of %d documents "
              "(%d of them from the training rows)", len(cache), cache.folder, len(retrieval.queries),
-             len(retrieval.corpus), len(retrieval.corpus) - len(held_out.corpus))
+             len(retrieval.corpus), len(added))
     for line in validation_warnings(retrieval):
         log.warning("%s", line)
     return retrieval
