@@ -228,17 +228,20 @@ def stop_at_step_7_and_resume(make_cfg, tmp_path: Path, run: list[str]) -> None:
                        output_dir=stopped))
     assert torch.load(stopped / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
     train(make_cfg(run, output_dir=stopped))
-    _assert_same_run(stopped, reference)
+    assert_same_run(stopped, reference)
     restarts = json.loads((stopped / "metrics.json").read_text())["restarts"]
     assert [(r["restart"], r["step"], Path(r["resumed_from"]).name) for r in restarts] == [(1, 6, "last.ckpt")]
 
 
-def _assert_same_run(stopped: Path, reference: Path) -> None:
+def assert_same_run(stopped: Path, reference: Path) -> None:
     def weights(run: Path) -> dict[str, torch.Tensor]:
         return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
 
     ours, theirs = weights(stopped), weights(reference)
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    # the exported model is the best checkpoint's: the same bytes only if the resumed run chose the same one
+    exported = [run / "model" / "model.safetensors" for run in (stopped, reference)]
+    assert exported[0].read_bytes() == exported[1].read_bytes()
     a, b = (json.loads((run / "metrics.json").read_text()) for run in (stopped, reference))
     assert a["resumed_from"] and not b["resumed_from"]
     for key in ("val", "val_before", "global_step"):
@@ -258,7 +261,7 @@ def test_a_run_killed_after_early_stopping_decided_stops_there_when_resumed(make
     with pytest.raises(Crash):
         train(make_cfg([*run, "+callbacks.crash._target_=tests.test_resume.CrashAtTrainEnd"], output_dir=stopped))
     train(make_cfg(run, output_dir=stopped))
-    _assert_same_run(stopped, reference)
+    assert_same_run(stopped, reference)
 
 
 def test_time_based_last_checkpoint_agrees_on_the_clock_only_every_few_steps():
@@ -317,4 +320,4 @@ def test_a_run_resumed_at_an_epoch_end_writes_checkpoints_that_resume_exactly(ma
         saved = torch.load(stopped / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
         assert saved != per_epoch and saved <= crash_at
     train(make_cfg(run, output_dir=stopped))
-    _assert_same_run(stopped, reference)
+    assert_same_run(stopped, reference)

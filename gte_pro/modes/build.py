@@ -29,6 +29,7 @@ from gte_pro.models.cross_encoder import CrossEncoder
 from gte_pro.models.encoder import Encoder
 from gte_pro.scoring.teacher_file import loss_options
 from gte_pro.training.base_module import TrainingModule
+from gte_pro.training.callbacks import decide_before_last_checkpoint
 from gte_pro.training.module import ContrastiveModule
 from gte_pro.training.rerank_module import RerankModule
 
@@ -109,6 +110,7 @@ GTE_PRO_TRAINER_KEYS = ("memory_budget",)
 def build_trainer(cfg: DictConfig, callbacks: list[Callback], loggers: list[Logger]) -> Trainer:
     if not loggers:  # logger=none: the learning-rate monitor has nowhere to write and Lightning refuses it
         callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
+    callbacks = decide_before_last_checkpoint(callbacks)
     options: dict[str, Any] = {}
     if "enable_progress_bar" not in cfg.trainer:
         # callbacks.progress_bar=null means no bar, not Lightning's default one (in a SLURM log it is only noise;

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import Checkpoint, RichProgressBar
+from lightning.pytorch.callbacks import Checkpoint, EarlyStopping, ModelCheckpoint, RichProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
 
 from gte_pro.data.decontamination import REPORT
@@ -178,6 +178,24 @@ class LastCheckpoint(Checkpoint):
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._save(trainer)
+
+
+def decide_before_last_checkpoint(callbacks: list[Callback]) -> list[Callback]:
+    """``callbacks`` with every decision a validation leads to taken before ``LastCheckpoint`` saves that
+    validation's state, so that a run resumed from that ``last.ckpt`` knows it.
+
+    A monitoring ``ModelCheckpoint`` or ``EarlyStopping`` decides at validation end (Lightning's default after an
+    epoch-end validation is the train-epoch end, after ``LastCheckpoint``'s save: a run killed in between resumed with
+    no record of that validation's best checkpoint, and exported another model), and ``LastCheckpoint`` runs after
+    them: Lightning moves checkpoint callbacks to the end of the list but keeps their order among themselves.
+    """
+    for callback in callbacks:
+        if isinstance(callback, ModelCheckpoint) and callback.monitor is not None:
+            callback._save_on_train_epoch_end = False
+        if isinstance(callback, EarlyStopping):
+            callback._check_on_train_epoch_end = False
+    last = [callback for callback in callbacks if isinstance(callback, LastCheckpoint)]
+    return [callback for callback in callbacks if not isinstance(callback, LastCheckpoint)] + last
 
 
 class DecontaminationRecord(Callback):
