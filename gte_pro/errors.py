@@ -9,8 +9,10 @@ resume, a full disk); Hydra's own composition errors (an unknown group option, k
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
+import shutil
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -79,6 +81,41 @@ class MissingDependencyError(UserError, ImportError):
     """An option that needs a package this environment lacks; the message names the option and the package."""
 
     hint = "install the extra the message names, or turn the option off"
+
+
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)  # no space left, or the user's quota spent
+FULL_DISK_FIX = ("free space there (or point paths.output_dir / paths.cache_dir at a larger disk), then run the same "
+                 "command again: a run resumes from its last complete checkpoint, nothing complete was lost")
+
+
+def free_space(path: str | os.PathLike | None) -> str:
+    """How much space is free where ``path`` is (or would be), as a user reads it: "1.2 MB free on /scratch"."""
+    from pathlib import Path
+
+    folder = Path(path or ".").absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return "free space unknown"
+    units = [(2**30, "GB"), (2**20, "MB"), (2**10, "KB")]
+    size = next((f"{free / scale:.1f} {unit}" for scale, unit in units if free >= scale), f"{free} bytes")
+    while not os.path.ismount(folder) and folder != folder.parent:
+        folder = folder.parent
+    return f"{size} free on {folder}"
+
+
+def _full_disk(error: BaseException) -> OSError | None:
+    """The full disk behind ``error`` (itself, what it was raised from, or what it was raised while handling), for a
+    writer we do not wrap ourselves (a logger, a library's save): the disk is the user's to fix wherever it fills."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in FULL_DISK:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
 
 
 class RunStopped(BaseException):
@@ -153,7 +190,11 @@ def explain(error: BaseException) -> tuple[str, str] | None:
     """(what and where, how to fix it) of a user's mistake, each one line; None for a bug."""
     mistake = user_error(error)
     if mistake is None:
-        return None
+        full = _full_disk(error)
+        if full is None:
+            return None
+        where = f"could not write {full.filename}" if full.filename else "a write failed"
+        return f"{where}: {full.strerror} (errno {full.errno}); {free_space(full.filename)}", FULL_DISK_FIX
     if isinstance(mistake, UserError):
         return _one_line(str(mistake)), mistake.hint
     # Hydra's lists of options and its config search path belong to the fix line, not the message

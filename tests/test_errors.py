@@ -115,5 +115,24 @@ def test_a_full_disk_is_the_users_to_fix():
 
     error = write_error("/runs/a/metrics.json", OSError(28, "No space left on device"))
     assert isinstance(error, OSError) and error.errno == 28
-    assert explain(error) == ("could not write /runs/a/metrics.json: No space left on device (errno 28)",
-                              WriteError.hint)
+    assert explain(error) == ("could not write /runs/a/metrics.json: No space left on device (errno 28); "
+                              f"{error.free}", WriteError.hint)
+    assert error.free.endswith("free on /")  # /runs/a does not exist: the space of the nearest folder that does
+
+
+def test_a_full_disk_in_a_writer_we_do_not_wrap_is_still_the_users_to_fix(tmp_path):
+    """A logger's or a library's write: the OSError is the cause or the context of what reaches the top."""
+    from gte_pro.errors import FULL_DISK_FIX
+
+    full = OSError(28, "No space left on device")
+    full.filename = str(tmp_path / "csv" / "metrics.csv")
+    try:
+        try:
+            raise full
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1 vs 2")  # noqa: B904
+    except RuntimeError as wrapped:
+        what, fix = explain(wrapped)
+    assert what.startswith(f"could not write {full.filename}: No space left on device (errno 28); ")
+    assert what.endswith(" free on /") and fix == FULL_DISK_FIX
+    assert explain(OSError(2, "No such file or directory")) is None  # any other OS error stays a bug's traceback

@@ -21,7 +21,7 @@ from gte_pro.data.sampling import EpochSampler, ResumableLoader
 from gte_pro.launch.checkpoint_io import AtomicCheckpointIO, is_intact
 from gte_pro.launch.resume import check_resumed_config, record_restart, restart_history, resume_checkpoint
 from gte_pro.train import train
-from gte_pro.utils.files import remove_stale_temporaries
+from gte_pro.utils.files import WriteError, remove_stale_temporaries
 
 
 # --- the data order ------------------------------------------------------------------------------------------
@@ -118,10 +118,47 @@ def test_checkpoint_writes_keep_the_previous_and_a_failed_write_changes_nothing(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(torch, "save", full_disk)
-    with pytest.raises(OSError, match=r"could not write checkpoint .*last\.ckpt: No space left on device"):
+    with pytest.raises(WriteError, match=r"could not write .*last\.ckpt: No space left on device \(errno 28\); "
+                                         r".* free on /"):
         _save(tmp_path, 3.0)
     monkeypatch.setattr(torch, "save", real_save)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no temp file, nothing rotated
+
+
+class _FillsUp:
+    """A file on a disk that fills after ``room`` bytes."""
+
+    def __init__(self, path: Path, mode: str, room: int = 100) -> None:
+        self.file, self.room = open(path, mode), room  # noqa: SIM115 - closed by __exit__
+
+    def write(self, data: bytes) -> int:
+        self.room -= len(data)
+        if self.room < 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return self.file.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.file, name)
+
+    def __enter__(self) -> _FillsUp:
+        return self
+
+    def __exit__(self, *args) -> None:
+        self.file.close()
+
+
+def test_a_full_disk_inside_torchs_zip_writer_is_a_write_error_naming_the_checkpoint(tmp_path: Path, monkeypatch):
+    """torch's writer reports a failed write as RuntimeError("[enforce fail at inline_container.cc] unexpected
+    pos ..."): the user sees the full disk and the path, and the previous checkpoint stays."""
+    from gte_pro.launch import checkpoint_io
+
+    _save(tmp_path, 1.0)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    monkeypatch.setattr(checkpoint_io, "open", _FillsUp, raising=False)
+    with pytest.raises(WriteError, match=r"could not write .*last\.ckpt: No space left on device") as raised:
+        _save(tmp_path, 2.0)
+    assert isinstance(raised.value.__cause__.__cause__, RuntimeError)  # torch's own error, kept as the cause
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
 def test_damaged_last_checkpoint_falls_back_to_the_previous_one(tmp_path: Path, caplog):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -115,7 +116,8 @@ def test_a_failed_write_keeps_the_previous_version_and_names_path_and_cause(tmp_
     _fail_at(fault, monkeypatch)
     with pytest.raises(WriteError) as error:
         write(run, tiny)
-    assert str(error.value) == f"could not write {target}: {FULL}"
+    assert str(error.value) == f"could not write {target}: {FULL}; {error.value.free}"
+    assert re.fullmatch(r"\d+\.\d [KMG]B free on /.*|\d+ bytes free on /.*", error.value.free)
     assert error.value.errno == errno.ENOSPC
     assert snapshot(run) == before  # byte-identical, and no temporary file or folder left
 
@@ -213,7 +215,7 @@ def test_a_token_cache_that_fills_the_disk_is_not_published_and_names_the_file(t
     with pytest.raises(WriteError) as error:
         module.prepare_data()
     assert str(error.value).startswith(f"could not write {folder}.tmp") and str(error.value).endswith(
-        f"/train.arrow: {FULL}")
+        f"/train.arrow: {FULL}; {error.value.free}")
     assert snapshot(tmp_path / "c") == before  # nothing published, no temporary folder, the other cache intact
     monkeypatch.undo()
     make(24).setup("fit")  # the next run builds it
@@ -228,7 +230,7 @@ def test_a_token_cache_whose_flush_fails_is_not_published(tmp_path, pairs_file, 
     monkeypatch.setattr(files, "fsync_tree", full_disk)
     with pytest.raises(WriteError) as error:
         module.prepare_data()
-    assert str(error.value) == f"could not write {module._cache_folder()}: {FULL}"
+    assert str(error.value) == f"could not write {module._cache_folder()}: {FULL}; {error.value.free}"
     assert [p.name for p in (tmp_path / "c" / "tokenized").iterdir()] == []
 
 
@@ -292,7 +294,7 @@ def test_a_corpus_store_that_fills_the_disk_is_not_published_and_names_the_file(
         build()
     first_file = "texts.bin" if kind == "mining" else "tokens.bin"
     assert str(error.value).startswith(f"could not write {cache}/") and str(error.value).endswith(
-        f".tmp{os.getpid()}/{first_file}: {FULL}")
+        f".tmp{os.getpid()}/{first_file}: {FULL}; {error.value.free}")
     assert [p for p in cache.rglob("*") if p.is_file() or p.name.count(".tmp")] == []  # nothing published or left
     monkeypatch.undo()
     folder = build()  # the next run builds it

@@ -19,7 +19,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 
-from gte_pro.utils.files import fsync_folder, temporary_sibling
+from gte_pro.utils.files import fsync_folder, temporary_sibling, write_error
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,25 @@ def _on_cpu(storage: Any, location: Any) -> Any:
     return storage  # Lightning's default: every tensor stays on the CPU; the strategy moves what it needs
 
 
+class _RecordedWrites:
+    """A file whose first OS error is kept: torch's zip writer turns a failed ``write()`` into a ``RuntimeError``
+    ("[enforce fail at inline_container.cc] unexpected pos ..."), which loses the cause (a full disk)."""
+
+    def __init__(self, file: Any) -> None:
+        self.file = file
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as error:
+            self.error = self.error or error
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's torch checkpoint IO, written atomically (local paths) and read with ``weights_only=True``."""
 
@@ -55,7 +74,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         tmp = temporary_sibling(path)
         try:
             with open(tmp, "wb") as file:
-                torch.save(checkpoint, file)
+                recorded = _RecordedWrites(file)
+                try:
+                    torch.save(checkpoint, recorded)
+                except RuntimeError as error:
+                    if recorded.error is None:
+                        raise
+                    raise recorded.error from error
                 file.flush()
                 os.fsync(file.fileno())
             if path.name == LAST and path.is_file():
@@ -63,7 +88,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.replace(tmp, path)
         except OSError as error:
             tmp.unlink(missing_ok=True)
-            raise OSError(error.errno, f"could not write checkpoint {path}: {error.strerror or error}") from error
+            raise write_error(path, error) from error
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise

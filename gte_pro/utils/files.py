@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from gte_pro.errors import UserError
+from gte_pro.errors import FULL_DISK, UserError, free_space
 from gte_pro.utils.shared_cache import TEMPORARY, process_alive, record_checksums
 
 
@@ -31,9 +31,15 @@ class WriteError(UserError, OSError):
 
     hint = "free space or fix the permissions there, then run the same command again (nothing earlier was lost)"
 
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        # read when the write failed: what the user must free is what was missing then
+        self.free = free_space(self.filename) if self.errno in FULL_DISK else None
+
     def __str__(self) -> str:
         cause = f"{self.strerror} (errno {self.errno})" if self.errno is not None else str(self.strerror)
-        return f"could not write {self.filename}: {cause}"
+        return f"could not write {self.filename}: {cause}" + (f"; {self.free}" if self.free else "")
+
 
 
 def write_error(target: str | Path, error: OSError) -> WriteError:
