@@ -12,7 +12,7 @@
 # the 8 a call returns), else /tmp/gte-pro-gpu-run; the runs' folders and logs stay in /tmp/gte-pro-gpu-runs.
 #   here:   make gpu-wheels                 (2 MB of wheels and the MiniLM tokenizer's files in .whl/)
 #   device: bash .gpu/run.sh                (carry .whl)
-#   a rehearsal on a CPU, tiny shapes in fp32, gloo, no compile row (~8 min on 2 shared cores):
+#   a rehearsal on a CPU, tiny shapes in fp32, gloo, no compile row (302 s on 2 shared cores, 2026-12-07):
 #           GPU_RUN_CPU=1 PYTHON=.venv/bin/python bash .gpu/run.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
