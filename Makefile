@@ -63,7 +63,8 @@ config-tables: install
 #   rows, then Qwen2-0.5B- and 1.5B-sized decoders (random weights, Qwen2's vocabulary) at sequence 256 x batch 8/32,
 #   plus LoRA / gradient checkpointing / FSDP-on-1-GPU rows; no row starts after --budget 420 s (~8 min); without CUDA
 #   it says so and exits 0 (--cpu runs the rows on the CPU). On a lent device machine: `make gpu-wheels` here, then
-#   `bash .gpu/run.sh` there (a 10-minute subset; docs/benchmarks.md)
+#   `bash .gpu/run.sh` there (inside 10 minutes: the default run in bf16, kill -9 and resume, DDP/FSDP/compile on
+#   one GPU, then gte-base's MFU and the decoder rows; docs/benchmarks.md)
 #   make bench-gpu ARGS="--sizes '' --decoders qwen2-1.5b --decoder-batch 16,64 --decoder-changes lora"
 # bench-scale: peak RSS and start-up for 10k vs 200k synthetic training pairs through train.py (token cache cold and
 #   warm; ~15 min on 2 CPU cores, ~1 GB of files under --workdir)

@@ -147,6 +147,12 @@ def with_decoder_flops(result: Result) -> Result:
             "gflops": per_token * padded_per_s / 1e9}
 
 
+def fits(elapsed: float, expected: float, deadline: float | None) -> bool:
+    """Whether a row expected to take ``expected`` seconds, started ``elapsed`` seconds in, ends by ``deadline``
+    (None: no deadline). ``.gpu/run.sh``'s parts start no row that cannot end inside the device call."""
+    return deadline is None or elapsed + expected <= deadline
+
+
 def peak_tflops(device_name: str, given: float | None) -> float | None:
     if given:
         return given
@@ -199,7 +205,8 @@ def report(results: list[Result], skipped: list[dict], args: argparse.Namespace,
         if "error" in result:
             print(f"FAILED: {describe(result)}: {result['error']}")
     for row in skipped:
-        print(f"not run (past --budget {args.budget:.0f} s): {describe(row)}")
+        limit = f"--budget {args.budget:.0f} s" + (f" or --deadline {args.deadline:.0f} s" if args.deadline else "")
+        print(f"not run (past {limit}): {describe(row)}")
 
 
 def describe(row: dict) -> str:
@@ -240,6 +247,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--budget", type=float, default=420,
                         help="start no row after this many seconds (each row is a fresh process: ~30 s for an encoder "
                              "on an H200 machine); the rows not run are listed")
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="seconds from the start by which every row must end: a row starts only when the longest "
+                             "row so far (or --row-seconds, before any) would end by then")
+    parser.add_argument("--row-seconds", type=float, default=30.0,
+                        help="a row's expected seconds before one has run (for --deadline)")
     parser.add_argument("--cpu", action="store_true", help="run on the CPU when there is no CUDA (tests)")
     args = parser.parse_args(argv)
     args.size_list, args.change_list = names(args.sizes), names(args.changes)
@@ -270,14 +282,17 @@ def main(argv: list[str] | None = None) -> int:
         f"CPU ({torch.backends.cpu.get_cpu_capability()})")
     tflops = peak_tflops(device, args.peak_tflops) if torch.cuda.is_available() else None
     harness.announce()
-    print(f"device: {device}", flush=True)
-    results, skipped, start = [], [], time.monotonic()
+    print(f"device: {device}, peak {tflops or '?'} TFLOP/s dense bf16 for MFU", flush=True)
+    results, skipped, start, longest = [], [], time.monotonic(), args.row_seconds
     with tempfile.TemporaryDirectory(prefix="bench_gpu_") as tmp:
         for row in rows(args):
-            if results and time.monotonic() - start > args.budget:
+            elapsed = time.monotonic() - start
+            if (results and elapsed > args.budget) or not fits(elapsed, longest, args.deadline):
                 skipped.append(row)
                 continue
+            began = time.monotonic()
             results.append(with_mfu(measure(row, args, Path(tmp)), tflops))
+            longest = max(longest, time.monotonic() - began) if len(results) > 1 else time.monotonic() - began
             print(row_line(results[-1]), flush=True)
             harness.save(args, device=device, peak_tflops=tflops, rows=results, not_run=skipped)
     report(results, skipped, args, device, tflops)

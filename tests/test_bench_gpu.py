@@ -115,3 +115,128 @@ def test_decoder_rows_are_a_grid_then_changes_on_the_largest_at_the_last_batch()
     assert "++model.random_init_config.vocab_size=151936" in overrides and "++model.lora.r=16" in overrides
     with pytest.raises(SystemExit):
         bench_gpu.parse_args(["--decoder-changes", "qlora"])
+
+
+# --- .gpu/run.sh's deadline and its whole-run rows (benchmarks/gpu_run_rows.py) -----------------------------------
+_rows_spec = importlib.util.spec_from_file_location("gpu_run_rows", REPO / "benchmarks" / "gpu_run_rows.py")
+gpu_run_rows = importlib.util.module_from_spec(_rows_spec)
+sys.modules["gpu_run_rows"] = gpu_run_rows
+_rows_spec.loader.exec_module(gpu_run_rows)
+
+
+def test_no_bench_row_starts_that_its_estimate_says_cannot_end_by_the_deadline(tmp_path: Path,
+                                                                               capsys: pytest.CaptureFixture,
+                                                                               monkeypatch: pytest.MonkeyPatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench_gpu.fits(100.0, 30.0, 130.0) and not bench_gpu.fits(100.5, 30.0, 130.0)
+    assert bench_gpu.fits(1e6, 1e6, None)  # no deadline: everything fits
+    out = tmp_path / "rows.json"
+    # 20 s left, 30 s expected of a row before any has run: nothing starts (no child process), all are listed
+    assert bench_gpu.main(["--cpu", "--sizes", "tiny", "--seq", "32", "--batch", "4,8", "--changes", "",
+                           "--decoders", "", "--deadline", "20", "--row-seconds", "30", "--json", str(out)]) == 0
+    saved = json.loads(out.read_text())
+    assert saved["rows"] == [] and [r["batch"] for r in saved["not_run"]] == [4, 8]
+    assert "not run (past --budget 420 s or --deadline 20 s): tiny seq 32 batch 8" in capsys.readouterr().out
+
+
+def _fake_rows(clock: list[float], seconds: dict[str, float], failing: set[str] = frozenset()) -> dict:
+    """Runners that take ``seconds[row]`` on the fake ``clock`` and say what they ran."""
+    def runner(name: str):
+        def run(ctx) -> dict:
+            clock[0] += seconds[name]
+            if name in failing:
+                return {"row": name, "error": "exit code 1", "wall_s": seconds[name], "log_tail": "Traceback"}
+            return {"row": name, "wall_s": seconds[name], "run": f"/runs/{name}", "val_before": 0.1, "val": 0.2,
+                    "recall10": 0.3, "global_step": 78, "exports_min_cosine": 1.0, "exports": ["hf"],
+                    "round_trip_max_abs_diff": 0.0, "cpu_vs_gpu_max_abs_diff": None, "estimated_gib": 1.0,
+                    "measured_gib": None, "peak_rss_mb": 900.0, "timing": {"training": 1.0}, "samples_per_s": 50.0}
+        return run
+    return {name: runner(name) for name in gpu_run_rows.ROWS}
+
+
+def test_the_whole_rows_estimates_follow_the_measured_whole_run_and_none_starts_past_the_deadline(
+        capsys: pytest.CaptureFixture):
+    clock, saved = [0.0], []
+    ctx = gpu_run_rows.Context([], Path("/runs"), 4, {}, 0.0)
+    # the whole row's prior is 120 s; it really takes 40 s: resume is then expected at 2.6 x 40 = 104 s, ddp 49 s,
+    # fsdp 54 s, compile 130 s
+    plan = gpu_run_rows.Plan(deadline=250.0, whole_prior=120.0)
+    seconds = {"whole": 40.0, "resume": 100.0, "ddp": 45.0, "fsdp": 50.0, "compile": 60.0}
+    done = gpu_run_rows.run_rows(list(gpu_run_rows.ROWS), plan, ctx, 0.0, lambda rows, skipped: saved.append(
+        [r["row"] for r in rows]), _fake_rows(clock, seconds), clock=lambda: clock[0])
+    # at 185 s fsdp's 54 s would end at 239 <= 250: it runs; at 235 s compile's 130 s cannot: listed, not started
+    assert [r["row"] for r in done] == ["whole", "resume", "ddp", "fsdp"] and plan.whole_s == 40.0
+    assert plan.not_run == [{"row": "compile", "elapsed_s": 235.0, "expected_s": 130.0, "deadline_s": 250.0}]
+    assert saved[-1] == ["whole", "resume", "ddp", "fsdp"] and len(saved) == 4  # saved as each row ends
+    printed = capsys.readouterr().out
+    assert "compile: not run: 130 s expected, 235 s gone of 250" in printed
+    assert printed.count(": ok in ") == 4
+
+
+def test_a_failed_whole_row_keeps_the_prior_and_prints_its_log():
+    clock = [0.0]
+    plan = gpu_run_rows.Plan(deadline=200.0, whole_prior=120.0)
+    ctx = gpu_run_rows.Context([], Path("/runs"), 4, {}, 0.0)
+    done = gpu_run_rows.run_rows(["whole", "resume"], plan, ctx, 0.0, lambda rows, skipped: None,
+                                 _fake_rows(clock, {"whole": 10.0}, failing={"whole"}), clock=lambda: clock[0])
+    assert [r["row"] for r in done] == ["whole"] and plan.whole_s is None
+    assert plan.not_run[0]["row"] == "resume" and plan.not_run[0]["expected_s"] == 312.0  # 2.6 x the 120 s prior
+    assert gpu_run_rows.row_line(done[0]) == "whole: FAILED after 10 s: exit code 1"
+
+
+def test_a_run_is_read_from_its_metrics_json_and_its_log(tmp_path: Path):
+    # the keys a finished train.py run writes (metrics.json of a debug=fast run, trimmed)
+    (tmp_path / "metrics.json").write_text(json.dumps({
+        "val_before": {"val/ndcg@10": 0.0225}, "val": {"val/ndcg@10": 0.4612, "val/recall@10": 0.6579},
+        "train": {"train/samples_per_s": 131.8}, "global_step": 78, "restarts": [],
+        "memory": {"weights": 0.08, "estimated_peak": 2.0}, "peak_rss_mb": {"setup": 680.0, "training": 809.5},
+        "exports": {"verify_texts": 7, "min_cosine": {"sentence_transformers": 0.99999994, "hf": 0.9999999},
+                    "state_dict_round_trip_max_abs_diff": 0.0, "cpu_vs_gpu_max_abs_diff": None},
+        "timing": {"training": 12.5, "total": 30.0}}))
+    summary = gpu_run_rows.summarise(tmp_path)
+    assert summary["exports_min_cosine"] == 0.9999999 and summary["exports"] == ["hf", "sentence_transformers"]
+    assert summary["peak_rss_mb"] == 809.5 and summary["measured_gib"] is None and summary["estimated_gib"] == 2.0
+    line = gpu_run_rows.row_line({"row": "whole", "wall_s": 33.0, **summary})
+    assert line.startswith("whole: ok in 33 s (training 12.5 s, 132 samples/s, 78 steps); val/ndcg@10 0.0225 -> "
+                           "0.4612 (recall@10 0.6579); exports hf+sentence_transformers min cosine 0.9999999")
+    assert "CPU vs GPU - (no GPU); memory estimated 2.000 GiB (no CUDA" in line
+    on_gpu = gpu_run_rows.memory_text({"estimated_gib": 2.0, "measured_gib": 1.5})
+    assert on_gpu == "memory estimated 2.000 GiB, max_memory_allocated 1.500 GiB, 0.75x the estimate"
+    log = "step 4/10 | loss 3.1 | 40.0 samples/s\nEpoch 0 ...\nstep 7/10 | loss 3.0 | 41.0 samples/s\n"
+    assert gpu_run_rows.last_step(log) == 7 and gpu_run_rows.total_steps(log) == 10
+    assert gpu_run_rows.last_step("Validation 15/15") == 0
+
+
+def test_weights_compare_bit_for_bit_across_both_exports(tmp_path: Path):
+    import torch
+    from safetensors.torch import save_file
+
+    tensors = {"a": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(4)}
+    for name, change in (("ref", 0.0), ("same", 0.0), ("moved", 1e-3)):
+        for folder in ("model", "hf"):
+            (tmp_path / name / folder).mkdir(parents=True)
+            save_file({**tensors, "b": tensors["b"] + change}, str(tmp_path / name / folder / "model.safetensors"))
+    same = gpu_run_rows.compare(tmp_path / "same", tmp_path / "ref")
+    assert same == {"identical": True, "max_abs_diff": 0.0, "tensors": 4}
+    moved = gpu_run_rows.compare(tmp_path / "moved", tmp_path / "ref")
+    assert not moved["identical"] and moved["max_abs_diff"] == pytest.approx(1e-3, rel=1e-3)
+    (tmp_path / "ref" / "hf" / "model.safetensors").unlink()
+    assert gpu_run_rows.compare(tmp_path / "same", tmp_path / "ref")["note"] == "different tensors"
+
+
+@pytest.mark.parametrize("cpu", [True, False])
+def test_the_whole_run_command_composes_as_the_default_run_with_random_weights(cpu: bool, tmp_path: Path):
+    from bench_memory import compose
+
+    base = gpu_run_rows.base_overrides("tiny" if cpu else "minilm", cpu, tmp_path, str(tmp_path / "tok"))
+    cfg = compose([*base, *gpu_run_rows.ROW_EXTRA["resume"], "callbacks.last_checkpoint.every_n_steps=4"])
+    assert cfg.model.lr == 5e-5 and cfg.data.batch_size == 32 and cfg.trainer.max_epochs == 1  # the default recipe
+    assert cfg.model.random_init_config.hidden_size == (64 if cpu else 384)
+    assert cfg.model.name_or_path == str(tmp_path / "tok") and cfg.trainer.deterministic is True
+    assert cfg.trainer.precision == ("32-true" if cpu else "bf16-mixed")
+    assert cfg.trainer.accelerator == ("cpu" if cpu else "gpu")
+    assert cfg.callbacks.throughput.print_every_n_steps == 1 and cfg.callbacks.last_checkpoint.every_n_steps == 4
+    with pytest.raises(SystemExit):
+        gpu_run_rows.parse_args(["--rows", "whole,fsdp2"])
