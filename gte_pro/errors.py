@@ -118,6 +118,24 @@ def _full_disk(error: BaseException) -> OSError | None:
     return None
 
 
+def _file_being_written(error: BaseException) -> str | None:
+    """The path of the file open for writing nearest to where ``error`` was raised: a failed ``write()`` or
+    ``close()`` raises an OSError without one (Hydra's ``.hydra/config.yaml``, a logger's CSV)."""
+    import io
+
+    frames = []
+    trace = error.__traceback__
+    while trace is not None:
+        frames.append(trace.tb_frame)
+        trace = trace.tb_next
+    for frame in reversed(frames):
+        for value in frame.f_locals.values():
+            name, mode = getattr(value, "name", None), getattr(value, "mode", "")
+            if isinstance(value, io.IOBase) and isinstance(name, str) and any(c in str(mode) for c in "wax+"):
+                return name
+    return None
+
+
 class RunStopped(BaseException):
     """A run stopped on SIGTERM or SIGINT (``gte_pro.launch.stop``) after saving what it could; ``saved`` says what
     (a checkpoint, finished shards), or is empty. A BaseException, so that no ``except Exception`` swallows it;
@@ -193,8 +211,9 @@ def explain(error: BaseException) -> tuple[str, str] | None:
         full = _full_disk(error)
         if full is None:
             return None
-        where = f"could not write {full.filename}" if full.filename else "a write failed"
-        return f"{where}: {full.strerror} (errno {full.errno}); {free_space(full.filename)}", FULL_DISK_FIX
+        path = full.filename or _file_being_written(full)
+        where = f"could not write {path}" if path else "a write failed"
+        return f"{where}: {full.strerror} (errno {full.errno}); {free_space(path)}", FULL_DISK_FIX
     if isinstance(mistake, UserError):
         return _one_line(str(mistake)), mistake.hint
     # Hydra's lists of options and its config search path belong to the fix line, not the message

@@ -17,6 +17,12 @@ The cases:
   once naming the holder, and the finished run equals a run that was alone.
 - ``cache-*``: two processes building one token cache, corpus store or tokenizer at once, and damaged caches
   (scripts/cache_faults.py, when present).
+- ``disk-full-inject``: a full disk (ENOSPC) at the first and the last write of each kind a run makes (log, lock,
+  records, caches, CSV logger, best and last checkpoints, exports, metrics, curves): each ends in the two-line error
+  with exit code 2, and the same command afterwards ends bit-identical to an uninterrupted run
+  (scripts/disk_full.py; quick: two kinds drawn by the seed, first writes only).
+- ``disk-full-tmpfs``: the same on a real tmpfs filled to levels from nothing free to the run's whole size (the
+  disk fills inside whatever write comes then). Needs root (to mount); without it it is left out of a selection.
 
 Each case prints one line (ok or FAILED, seconds, what it checked); the exit code is 1 when any failed.
 """
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -38,6 +45,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
+import disk_full  # noqa: E402
 import fault_injection  # noqa: E402
 import preemption_storm  # noqa: E402
 
@@ -98,6 +106,24 @@ def run_lock_case(work: Path, seed: int, quick: bool) -> dict[str, Any]:
                                 f"the run alone: weights {same_weights}, metrics {same_metrics}"}
 
 
+def disk_full_inject_case(work: Path, seed: int, quick: bool) -> dict[str, Any]:
+    kinds = sorted(random.Random(seed).sample(list(disk_full.KINDS), 2)) if quick else list(disk_full.KINDS)
+    return _disk_full_outcome(disk_full.inject(work, kinds, quick))
+
+
+def disk_full_tmpfs_case(work: Path, seed: int, quick: bool) -> dict[str, Any]:
+    return _disk_full_outcome(disk_full.tmpfs(work, levels=10, quick=quick))
+
+
+def _disk_full_outcome(results: list[dict[str, Any]]) -> dict[str, Any]:
+    failed = [r["case"] for r in results if not r["ok"]]
+    named = sum(r.get("exit") == 2 for r in results)
+    return {"ok": not failed, "detail": f"{len(results)} full disks ({', '.join(r['case'] for r in results)}): "
+                                        f"{named} named errors with exit 2, {len(results) - named} fitted; "
+                                        f"{len(results) - len(failed)} reruns bit-identical"
+                                        + (f"; FAILED: {', '.join(failed)}" if failed else ""), "results": results}
+
+
 def cache_cases() -> dict[str, Case]:
     """scripts/cache_faults.py's ``case_<name>(seed)`` functions as ``cache-<name>`` cases, when that file exists."""
     try:
@@ -112,25 +138,33 @@ def cache_cases() -> dict[str, Case]:
             for name in sorted(dir(cache_faults)) if name.startswith("case_")}
 
 
-def all_cases() -> dict[str, tuple[Case, bool]]:
-    """name -> (the case, whether it needs SLURM)."""
-    cases: dict[str, tuple[Case, bool]] = {f"faults-{v}": (faults_case(v), False) for v in fault_injection.VARIANTS}
-    cases["storm"] = (storm_case, True)
-    cases["run-lock"] = (run_lock_case, False)
-    cases.update({name: (case, False) for name, case in cache_cases().items()})
+def all_cases() -> dict[str, tuple[Case, str | None]]:
+    """name -> (the case, what it needs that a machine may lack: "SLURM", "root" or None)."""
+    cases: dict[str, tuple[Case, str | None]] = {f"faults-{v}": (faults_case(v), None)
+                                                 for v in fault_injection.VARIANTS}
+    cases["storm"] = (storm_case, "SLURM")
+    cases["run-lock"] = (run_lock_case, None)
+    cases.update({name: (case, None) for name, case in cache_cases().items()})
+    cases["disk-full-inject"] = (disk_full_inject_case, None)
+    cases["disk-full-tmpfs"] = (disk_full_tmpfs_case, "root")
     return cases
 
 
-def choose(cases: dict[str, tuple[Case, bool]], names: str, select: int | None, seed: int,
-           slurm: bool) -> tuple[list[str], list[str]]:
-    """(the cases to run, those left out for want of SLURM)."""
+def available() -> set[str]:
+    """What this machine has of what some cases need."""
+    return {need for need, present in (("SLURM", slurm_up()), ("root", os.geteuid() == 0)) if present}
+
+
+def choose(cases: dict[str, tuple[Case, str | None]], names: str, select: int | None, seed: int,
+           present: set[str]) -> tuple[list[str], list[str]]:
+    """(the cases to run, those left out for want of what they need)."""
     if names != "all":
         wanted = names.split(",")
         unknown = [n for n in wanted if n not in cases]
         if unknown:
             raise SystemExit(f"unknown case(s) {', '.join(unknown)}; the cases: {', '.join(cases)}")
         return wanted, []
-    runnable = [n for n, (_, needs_slurm) in cases.items() if slurm or not needs_slurm]
+    runnable = [n for n, (_, need) in cases.items() if need is None or need in present]
     left_out = [n for n in cases if n not in runnable]
     if select is not None:
         runnable = sorted(random.Random(seed).sample(runnable, min(select, len(runnable))))
@@ -149,12 +183,12 @@ def main() -> None:
     args = parser.parse_args()
     cases = all_cases()
     if args.list:
-        print("\n".join(f"{n}{' (needs SLURM)' if needs else ''}" for n, (_, needs) in cases.items()))
+        print("\n".join(f"{n}{f' (needs {need})' if need else ''}" for n, (_, need) in cases.items()))
         return
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10_000)
-    names, left_out = choose(cases, args.cases, args.select, seed, slurm_up())
+    names, left_out = choose(cases, args.cases, args.select, seed, available())
     print(f"reliability: seed {seed}; cases: {', '.join(names)}"
-          + (f"; without SLURM, left out: {', '.join(left_out)}" if left_out else "")
+          + (f"; left out (this machine lacks what they need): {', '.join(left_out)}" if left_out else "")
           + f" (again: python scripts/reliability.py --cases {','.join(names)} --seed {seed}"
           + (" --quick" if args.quick else "") + ")", flush=True)
     work = args.work or Path(tempfile.mkdtemp(prefix="gte_pro_reliability_"))

@@ -136,3 +136,16 @@ def test_a_full_disk_in_a_writer_we_do_not_wrap_is_still_the_users_to_fix(tmp_pa
     assert what.startswith(f"could not write {full.filename}: No space left on device (errno 28); ")
     assert what.endswith(" free on /") and fix == FULL_DISK_FIX
     assert explain(OSError(2, "No such file or directory")) is None  # any other OS error stays a bug's traceback
+
+
+def test_a_full_disk_at_a_writes_close_names_the_file_being_written(tmp_path):
+    """A failed write() or close() raises an OSError without a path (Hydra's own .hydra/config.yaml on a full
+    disk): the file open for writing where it was raised is the one named."""
+    target = tmp_path / "config.yaml"
+    try:
+        with open(target, "w") as file:
+            file.write("a: 1\n")
+            raise OSError(28, "No space left on device")
+    except OSError as error:
+        what, _ = explain(error)
+    assert what.startswith(f"could not write {target}: No space left on device (errno 28); ")

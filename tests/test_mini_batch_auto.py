@@ -166,7 +166,7 @@ def test_a_run_resumed_under_another_budget_trains_to_the_same_weights(make_cfg,
     """Stopped at step 7 (checkpoint at 6) and resumed where the budget would pick another mini-batch (the whole
     batch): the resume reuses the first choice, and ends bit-identical to the uninterrupted run."""
     from gte_pro.train import train
-    from tests.test_resume import Crash, _assert_same_run
+    from tests.test_resume import Crash, assert_same_run
 
     run = [*RUN, "data.max_train_rows=256", "trainer.limit_train_batches=null", "callbacks.progress_bar=null",
            "callbacks.last_checkpoint.every_n_steps=2", "trainer.val_check_interval=5", "loss.mini_batch_size=auto"]
@@ -181,4 +181,4 @@ def test_a_run_resumed_under_another_budget_trains_to_the_same_weights(make_cfg,
                        output_dir=stopped))
     train(make_cfg([*run, "trainer.memory_budget=64"], output_dir=stopped))
     assert json.loads((stopped / RECORD).read_text())["mini_batch_size"] == chosen
-    _assert_same_run(stopped, reference)
+    assert_same_run(stopped, reference)

@@ -16,7 +16,7 @@ from gte_pro.errors import DataError
 from gte_pro.mining.pool import NegativePool, write_pool
 from gte_pro.mining.remine import training_corpus
 from gte_pro.train import train
-from tests.test_resume import RUN, Crash, _assert_same_run
+from tests.test_resume import RUN, Crash, assert_same_run
 
 
 def _refs(rows: int, k: int, shift: int) -> np.ndarray:
@@ -121,7 +121,7 @@ def test_a_run_re_mines_every_epoch_and_a_resumed_one_continues_with_the_same_po
                        output_dir=stopped))
     assert torch.load(stopped / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 14
     train(make_cfg(REMINE, output_dir=stopped))
-    _assert_same_run(stopped, reference)
+    assert_same_run(stopped, reference)
     resumed = _pools(stopped)
     assert resumed.keys() == pools.keys() and all(np.array_equal(resumed[k], pools[k]) for k in pools)
 

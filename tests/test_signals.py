@@ -25,7 +25,7 @@ from gte_pro.launch import run_lock
 from gte_pro.launch.run_lock import HOLDER_FILE, RunFolderBusy, acquire, release, run_folder_lock
 from gte_pro.train import train
 from tests.conftest import REPO
-from tests.test_resume import RUN, _assert_same_run
+from tests.test_resume import RUN, assert_same_run
 
 
 class NotStopped(AssertionError):
@@ -158,7 +158,7 @@ def test_a_run_stopped_by_sigterm_resumes_to_bit_identical_weights(make_cfg, tmp
         train(make_cfg(_signal_at(7, "SIGTERM"), output_dir=stopped))
     assert torch.load(stopped / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 7
     train(make_cfg(RUN, output_dir=stopped))
-    _assert_same_run(stopped, reference)
+    assert_same_run(stopped, reference)
     assert not (stopped / "interrupted.json").exists()
 
 
@@ -263,6 +263,64 @@ def test_sigterm_during_mine_with_a_teacher_stops_it_and_the_rerun_only_rescores
     train(make_cfg(overrides, output_dir=alone))
     assert mined_again == [1]
     assert (run / "mined.jsonl").read_bytes() == (alone / "mined.jsonl").read_bytes()
+
+
+# --- the exports and mode=eval stop at once, leaving nothing partial ---------------------------------------------
+def _signalled_before_replacing(monkeypatch, name: str) -> None:
+    """SIGTERM this process when a finished ``name`` is about to be renamed into place (its write complete in the
+    temporary sibling): the last moment at which a stop could leave half of it."""
+    replace = os.replace
+
+    def signalled(src, dst, *args, **kwargs):
+        if Path(dst).name == name:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", signalled)
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_exports_stops_with_143_leaving_no_partial_export(make_cfg, tmp_path: Path,
+                                                                             signals_caught, monkeypatch):
+    run_overrides = [*RUN, "export.hf=true"]
+    reference = tmp_path / "reference"
+    train(make_cfg(run_overrides, output_dir=reference))
+    stopped = tmp_path / "stopped"
+    _signalled_before_replacing(monkeypatch, "hf")
+    with pytest.raises(RunStopped) as raised:
+        train(make_cfg(run_overrides, output_dir=stopped))
+    assert raised.value.exit_code == 143
+    assert (stopped / "model" / "model.safetensors").is_file()  # the export before it is complete
+    assert not (stopped / "hf").exists() and not list(stopped.glob("hf.tmp*"))  # nothing partial, no temporary
+    assert "last.ckpt" in json.loads((stopped / "interrupted.json").read_text())["saved"]
+    from gte_pro.launch.sweep import summarize_sweep  # the record a sweep reads: interrupted, not finished
+
+    (stopped / ".hydra").mkdir()
+    (stopped / ".hydra" / "overrides.yaml").write_text("- seed=3\n")
+    assert [row["status"] for row in summarize_sweep(tmp_path)] == ["interrupted"]
+    monkeypatch.undo()
+    train(make_cfg(run_overrides, output_dir=stopped))  # resumes from the checkpoint written at the end of training
+    assert_same_run(stopped, reference)
+    hf = [run / "hf" / "model.safetensors" for run in (stopped, reference)]
+    assert hf[0].read_bytes() == hf[1].read_bytes() and not (stopped / "interrupted.json").exists()
+
+
+def test_sigterm_during_mode_eval_stops_with_143_and_writes_no_metrics(make_cfg, tmp_path: Path, signals_caught,
+                                                                      monkeypatch):
+    overrides = ["mode=eval", "debug=fast", "logger=none"]
+    run = tmp_path / "eval"
+    _signalled_before_replacing(monkeypatch, "metrics.json")
+    with pytest.raises(RunStopped) as raised:
+        train(make_cfg(overrides, output_dir=run))
+    assert raised.value.exit_code == 143
+    assert not (run / "metrics.json").exists() and not list(run.glob("metrics.json.tmp*"))
+    assert "nothing partial" in json.loads((run / "interrupted.json").read_text())["saved"]
+    monkeypatch.undo()
+    train(make_cfg(overrides, output_dir=run))
+    alone = tmp_path / "alone"
+    train(make_cfg(overrides, output_dir=alone))
+    ours, theirs = (json.loads((folder / "metrics.json").read_text()) for folder in (run, alone))
+    assert ours["val"] == theirs["val"] and not (run / "interrupted.json").exists()
 
 
 # --- the exit code and the sweep's record --------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from hydra.core.utils import JobStatus
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from gte_pro.errors import FULL_DISK
 from gte_pro.utils.files import write_text_atomic
 from gte_pro.utils.plots import plot_sweep
 from gte_pro.utils.tables import markdown_table
@@ -150,5 +151,9 @@ class SweepCallback(_HydraCallback):
             log.info("sweep summary (%d jobs): %s", len(rows), sweep_dir / "summary.csv")
             try:
                 log.info("sweep report: %s", plot_sweep(sweep_dir, rows, metric))
+            except OSError as error:
+                if error.errno in FULL_DISK:
+                    raise  # the user's to know, as anywhere else: two lines, exit code 2
+                log.error("sweep report not written: %s: %s", type(error).__name__, error)
             except Exception as error:  # noqa: BLE001 - the summary is written; the pictures are a convenience
                 log.error("sweep report not written: %s: %s", type(error).__name__, error)

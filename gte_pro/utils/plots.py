@@ -66,10 +66,13 @@ def _pyplot() -> Any:
 
 
 def _save(plt: Any, figure: Any, path: Path) -> Path:
+    from gte_pro.utils.files import write_atomic
+
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path
+    try:  # atomic: a full disk or a kill leaves no half a PNG
+        return write_atomic(path, lambda tmp: figure.savefig(tmp, format="png", dpi=100))
+    finally:
+        plt.close(figure)
 
 
 def _learning_rate(curves: dict[str, Curve]) -> tuple[str, Curve] | None:
@@ -256,9 +259,16 @@ def score_histograms(path: Path, series: Sequence[tuple[Any, str]], xlabel: str,
 
 def plot_run_logged(output_dir: Path) -> None:
     """``curves.png`` from the CSV log (``plot_run``); a plotting failure is reported, not allowed to fail a
-    finished run."""
+    finished run; but a full disk is the user's to know, as anywhere else (two lines, exit code 2)."""
+    from gte_pro.errors import FULL_DISK
+
     try:
         path = plot_run(output_dir)
+    except OSError as error:
+        if error.errno in FULL_DISK:
+            raise
+        log.error("curves.png not written: %s: %s", type(error).__name__, error)
+        return
     except Exception as error:  # noqa: BLE001 - the run's results are saved; the picture is a convenience
         log.error("curves.png not written: %s: %s", type(error).__name__, error)
         return
