@@ -22,6 +22,7 @@ was printed, then the rerun's exit code and whether its weights, exported model 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import os
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -147,17 +149,20 @@ def reference_run(work: Path) -> tuple[Path, dict[str, int]]:
     return reference, json.loads(counts.read_text())
 
 
-def inject(work: Path, kinds: list[str], quick: bool) -> list[dict[str, Any]]:
-    reference, counts = reference_run(work)
+def inject(work: Path, kinds: list[str], quick: bool,
+           reference: tuple[Path, dict[str, int]] | None = None) -> list[dict[str, Any]]:
+    """ENOSPC at the first (and, unless ``quick``, the last) write of each kind; ``reference``: an uninterrupted
+    run already made (its folder and write counts)."""
+    reference_folder, counts = reference or reference_run(work)
     results = []
     for kind in kinds:
+        if counts[kind] == 0:
+            results.append({"case": kind, "ok": False, "error": "the uninterrupted run made no such write"})
+            continue
         for nth in sorted({1} if quick else {1, counts[kind]}):
-            if counts[kind] == 0:
-                results.append({"case": kind, "ok": False, "error": "the uninterrupted run made no such write"})
-                break
             name = f"{kind} #{nth}/{counts[kind]}"
             run = work / re.sub(r"\W+", "-", name).strip("-")
-            result = _case(name, run, work / f"{run.name}-cache", reference,
+            result = _case(name, run, work / f"{run.name}-cache", reference_folder,
                            lambda r, c, log, k=kind, n=nth: _run(r, c, log, k, n))
             results.append(_report(result))
     return results
@@ -169,38 +174,49 @@ def _fill(mount: Path, free: int) -> Path:
     filler.unlink(missing_ok=True)
     size = max(shutil.disk_usage(mount).free - free, 0)
     with filler.open("wb") as out:
-        out.truncate(0)
         chunk = b"\0" * (1 << 20)
         while size > 0:
             size -= out.write(chunk[: min(size, len(chunk))])
     return filler
 
 
-def tmpfs(work: Path, levels: int, quick: bool) -> list[dict[str, Any]]:
+@contextlib.contextmanager
+def small_disk(folder: Path, size: int) -> Iterator[Path]:
+    """A tmpfs of ``size`` bytes mounted at ``folder`` (root only), unmounted afterwards."""
     if os.geteuid() != 0:
-        raise SystemExit("--mode tmpfs mounts a tmpfs: run it as root (or use --mode inject)")
-    reference, _ = reference_run(work)
-    footprint = sum(p.stat().st_size for p in reference.rglob("*") if p.is_file())
-    mount = work / "small"
-    mount.mkdir()
-    # the run needs up to four checkpoints at once (best, previous, last and the one being written)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={footprint * 2 // 1024 + 4096}k", "tmpfs", str(mount)],
-                   check=True)
+        raise SystemExit("a tmpfs needs root to mount: run as root (or use --mode inject)")
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size // 1024 + 1}k", "tmpfs", str(folder)], check=True)
     try:
-        sizes = [0, 4096, 65536, 1 << 20] + [footprint * i // levels for i in range(1, levels + 1)]
-        results = []
-        for free in sizes[:: 3 if quick else 1]:
-            filler = _fill(mount, free)
-            name = f"{free // 1024} KB free"
-            run, cache = mount / f"run-{free}", mount / f"cache-{free}"
-            result = _case(name, run, cache, reference, lambda r, c, log: _run(r, c, log),
-                           make_room=lambda f=filler: f.unlink())
-            results.append(_report(result))
-            shutil.rmtree(run, ignore_errors=True)
-            shutil.rmtree(cache, ignore_errors=True)
-        return results
+        yield folder
     finally:
-        subprocess.run(["umount", str(mount)], check=False)
+        subprocess.run(["umount", str(folder)], check=False)
+
+
+def fill_levels(mount: Path, reference: Path, sizes: list[int]) -> list[dict[str, Any]]:
+    """The run on ``mount`` with each of ``sizes`` bytes free, then (the filler gone) the same command again."""
+    results = []
+    for free in sizes:
+        filler = _fill(mount, free)
+        run, cache = mount / f"run-{free}", mount / f"cache-{free}"
+        results.append(_report(_case(f"{free // 1024} KB free", run, cache, reference,
+                                     lambda r, c, log: _run(r, c, log), make_room=filler.unlink)))
+        shutil.rmtree(run, ignore_errors=True)
+        shutil.rmtree(cache, ignore_errors=True)
+    return results
+
+
+def footprint(run: Path) -> int:
+    return sum(p.stat().st_size for p in run.rglob("*") if p.is_file())
+
+
+def tmpfs(work: Path, levels: int, quick: bool) -> list[dict[str, Any]]:
+    reference, _ = reference_run(work)
+    size = footprint(reference)
+    levels_free = [0, 4096, 65536, 1 << 20] + [size * i // levels for i in range(1, levels + 1)]
+    # the run needs up to four checkpoints at once (best, previous, last and the one being written)
+    with small_disk(work / "small", size * 2 + (4 << 20)) as mount:
+        return fill_levels(mount, reference, levels_free[:: 3 if quick else 1])
 
 
 def _report(result: dict[str, Any]) -> dict[str, Any]:
