@@ -1,5 +1,6 @@
-"""Memory planning (gte_pro.training.memory, memory_plan): the estimate against the measured peak of real training
-steps on the CPU (every live tensor counted), the refusal and its options, and the record in metrics.json."""
+"""Memory planning (gte_pro.preflight.memory_estimate, memory_budget): the estimate against the measured peak of
+real training steps on the CPU (every live tensor counted), the refusal and its options, and the record in
+metrics.json."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import pytest
 import torch
 
 from gte_pro.errors import ConfigError
-from gte_pro.training.memory import GIB, Setup, estimate, meta_backbone, shape_of
-from gte_pro.training.memory_plan import MemoryBudgetError, plan_memory
-from gte_pro.training.memory_setup import setup_of
+from gte_pro.preflight.memory_budget import MemoryBudgetError, plan_memory
+from gte_pro.preflight.memory_estimate import GIB, Setup, estimate, meta_backbone, shape_of
+from gte_pro.preflight.per_device import setup_of
 from gte_pro.utils.live_bytes import LiveBytes
 from tests.conftest import REPO
 
@@ -154,7 +155,7 @@ def test_a_run_whose_batches_fit_starts_though_full_length_texts_would_not(make_
     plan = plan_memory(_mined_run(make_cfg, tmp_path, None))
     assert plan.full_length_peak > 2 * plan.peak
     budget = (plan.peak + plan.full_length_peak) / 2 / GIB
-    with caplog.at_level("INFO", logger="gte_pro.training.memory_plan"):
+    with caplog.at_level("INFO", logger="gte_pro.preflight.memory_budget"):
         started = plan_memory(_mined_run(make_cfg, tmp_path, budget))
     assert started.peak == pytest.approx(plan.peak)
     printed = "\n".join(r.getMessage() for r in caplog.records)
@@ -180,7 +181,7 @@ def test_the_plan_draws_the_lengths_the_training_loader_batches(make_cfg, tmp_pa
     """The lengths the plan reads (token cache, the dataset's draw, the sampler's batches) are those of the batches
     the training loader makes."""
     from gte_pro.modes.build import build_data_for, build_encoder, build_module
-    from gte_pro.training.data_lengths import data_lengths
+    from gte_pro.preflight.batch_lengths import data_lengths
 
     cfg = _mined_run(make_cfg, tmp_path, None)
     data = data_lengths(cfg, cuda=False)

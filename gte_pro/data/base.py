@@ -265,14 +265,14 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
 
     def open_token_cache(self) -> TokenizedCache:
         """The training rows' token cache, built where missing, and the negatives per row it makes: what the memory
-        plan (``gte_pro.training.data_lengths``) reads before the model loads; ``setup`` does this and more."""
+        plan (``gte_pro.preflight.batch_lengths``) reads before the model loads; ``setup`` does this and more."""
         if self.token_cache is None:
             self.token_cache = TokenizedCache(self._ensure_cache())
             self.num_negatives = self._negatives_per_row(self.token_cache, report=False)
         return self.token_cache
 
     def train_sampler(self, world_size: int = 1, rank: int = 0, batch_size: int | None = None) -> EpochSampler:
-        """The training loader's batch order (the memory plan, ``gte_pro.training.data_lengths``, reads its batches
+        """The training loader's batch order (the memory plan, ``gte_pro.preflight.batch_lengths``, reads its batches
         before training: the same sampler, so the same batches)."""
         if self.token_cache is None:
             raise RuntimeError("setup() first")

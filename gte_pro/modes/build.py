@@ -102,7 +102,7 @@ def build_strategy(cfg: DictConfig) -> Any:
     return cfg.strategy.name
 
 
-# keys of conf/trainer/ that gte_pro reads itself (gte_pro.training.memory_plan), not Trainer(...) options
+# keys of conf/trainer/ that gte_pro reads itself (gte_pro.preflight.memory_budget), not Trainer(...) options
 GTE_PRO_TRAINER_KEYS = ("memory_budget",)
 
 

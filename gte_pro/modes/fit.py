@@ -48,11 +48,11 @@ from gte_pro.modes.build import (
     start_run,
 )
 from gte_pro.modes.handoff import after_reranker
+from gte_pro.preflight.memory_budget import memory_record, plan_memory
+from gte_pro.preflight.memory_estimate import MemoryPlan
 from gte_pro.training.base_module import TrainingModule
 from gte_pro.training.callbacks import DecontaminationRecord, Throughput, ValidationRecord
 from gte_pro.training.lr_find import find_lr
-from gte_pro.training.memory import MemoryPlan
-from gte_pro.training.memory_plan import memory_record, plan_memory
 from gte_pro.utils.files import write_json_atomic
 from gte_pro.utils.plots import plot_run_logged
 from gte_pro.utils.secrets import redact_secrets

@@ -1,4 +1,4 @@
-"""The batches a run will train on, as token lengths: what the memory plan (``gte_pro.training.memory_plan``) judges
+"""The batches a run will train on, as token lengths: what the memory plan (``gte_pro.preflight.memory_budget``) judges
 instead of every text at ``model.max_length``.
 
 Before the model loads, the run's tokenizer (cheap: no weights) builds or opens the token cache, which the run's

@@ -1,9 +1,9 @@
-"""Before a run loads its model: the memory estimate per device (:mod:`gte_pro.training.memory`), printed, and a
-refusal with the options that would fit when it is more than ``trainer.memory_budget`` allows.
+"""Before a run loads its model: the memory estimate per device (:mod:`gte_pro.preflight.memory_estimate`), printed,
+and a refusal with the options that would fit when it is more than ``trainer.memory_budget`` allows.
 
 ``trainer.memory_budget``: ``auto`` (the GPU's memory; on the CPU the machine's RAM shared by the ``devices``
 processes), a number of GiB, or ``null`` (print the estimate, never refuse). ``loss.mini_batch_size=auto`` is
-resolved here, from the same estimate (gte_pro.training.mini_batch).
+resolved here, from the same estimate (gte_pro.preflight.auto_mini_batch).
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from gte_pro.errors import ConfigError
-from gte_pro.training.data_lengths import DataLengths, data_lengths
-from gte_pro.training.memory import (
+from gte_pro.preflight.auto_mini_batch import Choice, choose, is_auto, keep, recorded, settle
+from gte_pro.preflight.batch_lengths import DataLengths, data_lengths
+from gte_pro.preflight.memory_estimate import (
     GIB,
     MemoryPlan,
     ModelShape,
@@ -32,8 +33,7 @@ from gte_pro.training.memory import (
     shape_of,
     with_lora_shape,
 )
-from gte_pro.training.memory_setup import setup_of
-from gte_pro.training.mini_batch import Choice, choose, is_auto, keep, recorded, settle
+from gte_pro.preflight.per_device import setup_of
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def plan_memory(cfg: Any, run_folder: Path | None = None, resumed: bool = False)
     be read here (the model's loading then says why). ``loss.mini_batch_size=auto`` is resolved first, in ``cfg``
     (kept in ``run_folder``, and reused from it where the run is ``resumed``).
 
-    The figure judged is the peak of the batches the data will make (``gte_pro.training.data_lengths``: each text's
+    The figure judged is the peak of the batches the data will make (``gte_pro.preflight.batch_lengths``: each text's
     length from the token cache, batched by the training sampler, in the encoder's length chunks); every text at
     ``model.max_length`` is printed beside it as the worst case, and judges only where the data's batches cannot be
     read before training (``data_lengths`` says where)."""
@@ -126,8 +126,8 @@ def with_mini_batch(setup: Setup, mini_batch: int | None) -> Setup:
 
 def resolve_auto(cfg: Any, shape: ModelShape, setup: Setup, data: DataLengths | None,
                  budget: tuple[float | None, str], run_folder: Path | None, resumed: bool) -> None:
-    """``loss.mini_batch_size=auto`` -> the number (or null) the estimate picks (gte_pro.training.mini_batch), set in
-    ``cfg``; the choice kept in the run folder is reused on resume. Nothing fits: the refusal, with options."""
+    """``loss.mini_batch_size=auto`` -> the number (or null) the estimate picks (gte_pro.preflight.auto_mini_batch),
+    set in ``cfg``; the choice kept in the run folder is reused on resume. Nothing fits: the refusal, with options."""
     choice = recorded(run_folder) if resumed else None
     if choice is None:
         def peak(mini_batch: int | None) -> float:

@@ -1,5 +1,5 @@
 """``loss.mini_batch_size=auto``: the GradCache mini-batch (gte_pro.training.gradcache) chosen from the memory plan
-(gte_pro.training.memory_plan) before the model loads.
+(gte_pro.preflight.memory_budget) before the model loads.
 
 - the whole batch in one forward (``null``) where its estimated peak fits ``trainer.memory_budget``;
 - else the largest mini-batch whose cached step fits (a bisection over 1 .. texts of the step: the estimate grows
@@ -23,7 +23,7 @@ from typing import Any
 
 from omegaconf import open_dict, read_write
 
-from gte_pro.training.memory import gib
+from gte_pro.preflight.memory_estimate import gib
 from gte_pro.utils.files import write_json_atomic
 
 log = logging.getLogger(__name__)
