@@ -85,7 +85,7 @@ config-tables: install
 # bench-modernbert: ModernBERT's training step by attention implementation and length chunks, interleaved rounds
 #   (docs/models.md#modernbert; ~5 min on 2 CPU cores)
 #   make bench-modernbert ARGS="--threads 1 --variants sdpa/1,sdpa/2,sdpa/4,eager/1 --steps 2"
-# bench-memory: the memory estimate every run prints (gte_pro/training/memory.py) against the measured peak of real
+# bench-memory: the memory estimate every run prints (gte_pro/preflight/memory_estimate.py) against the measured peak of real
 #   training steps on the CPU for BERT, Qwen2 and ModernBERT configs, and the estimate per device for the GTE models
 #   at batch 8/32/128 (~2 min on 2 CPU cores; docs/models.md#memory); --gradcache: GradCache at batch 256/1024 through
 #   the cached loss, and what loss.mini_batch_size=auto picks (~12 min on 2 shared CPU cores)

@@ -26,8 +26,8 @@ Rows, each in a fresh process (peak memory is per row):
 The texts are the demo corpus cut at the sequence length (dynamic padding, so real tokens < positions). Figures:
 samples/s, real tokens/s, padding, MFU = 6 x non-embedding parameters x padded tokens / s / the device's peak dense
 bf16 FLOP/s (a table of known devices, or ``--peak-tflops``), and peak GPU memory beside the estimate every run
-prints (gte_pro/training/memory.py, texts at full length: an upper bound of these padded batches). The FLOPs count
-the model's matrix products, not attention's scores (a few % at these lengths) nor a recompute: gradient
+prints (gte_pro/preflight/memory_estimate.py, texts at full length: an upper bound of these padded batches). The
+FLOPs count the model's matrix products, not attention's scores (a few % at these lengths) nor a recompute: gradient
 checkpointing's rows count 6N like full fine-tuning (its MFU falls by what the recompute costs). A LoRA row counts
 what its step needs: the forward (2N) and the gradients of the activations (2N) through the frozen weights, no
 weight gradients for them, plus 6 x the adapters' parameters, i.e. ~4N where full fine-tuning counts 6N. Without
@@ -172,8 +172,8 @@ def measure(row: dict, args: argparse.Namespace, work: Path) -> Result:
 
 
 def estimated_mb(overrides: list[str], precision: str, cuda: bool) -> float | None:
-    """The memory estimate a run prints (gte_pro.training.memory) for the row's config, in MB: texts at full length,
-    so an upper bound of the demo corpus's dynamically padded batches."""
+    """The memory estimate a run prints (gte_pro.preflight.memory_estimate) for the row's config, in MB: texts at
+    full length, so an upper bound of the demo corpus's dynamically padded batches."""
     from bench_memory import compose, estimated_peak
 
     try:

@@ -1,5 +1,5 @@
 """Memory per device (``make bench-memory``, ~1 min on 2 CPU cores): the estimate that every run prints before it
-loads its model (gte_pro.training.memory), checked against the measured peak of real training steps, and the
+loads its model (gte_pro.preflight.memory_estimate), checked against the measured peak of real training steps, and the
 estimate for the GTE models at a few batch sizes.
 
 Usage::
@@ -94,8 +94,8 @@ def check_overrides(family: str, check: str) -> list[str]:
 
 
 def estimated_peak(cfg: Any, cuda: bool = False) -> float:
-    from gte_pro.training.memory import estimate, meta_backbone, shape_of
-    from gte_pro.training.memory_setup import setup_of
+    from gte_pro.preflight.memory_estimate import estimate, meta_backbone, shape_of
+    from gte_pro.preflight.per_device import setup_of
 
     return estimate(shape_of(meta_backbone(cfg.model, str(cfg.get("task", "embed")))), setup_of(cfg, cuda)).peak
 

@@ -40,13 +40,15 @@ def write_texts(path: Any, rows: int, kind: str, negatives: int = 3, seed: int =
 
 def planned_peak(cfg: Any) -> tuple[float, float]:
     """(the plan's peak for the data's largest batch, its full-length worst case), as a run prints them (CPU)."""
-    from gte_pro.training.data_lengths import data_lengths
-    from gte_pro.training.memory import estimate, meta_backbone, shape_of
-    from gte_pro.training.memory_plan import judged
-    from gte_pro.training.memory_setup import setup_of
+    from gte_pro.modes.build import build_data_before_model
+    from gte_pro.preflight.batch_lengths import batch_lengths
+    from gte_pro.preflight.memory_budget import judged
+    from gte_pro.preflight.memory_estimate import estimate, meta_backbone, shape_of
+    from gte_pro.preflight.per_device import setup_of
 
     shape, setup = shape_of(meta_backbone(cfg.model)), setup_of(cfg, cuda=False)
-    return judged(shape, setup, data_lengths(cfg, cuda=False))[0].peak, estimate(shape, setup).peak
+    data = batch_lengths(cfg, build_data_before_model(cfg), cuda=False)
+    return judged(shape, setup, data)[0].peak, estimate(shape, setup).peak
 
 
 def measured_data_peak(cfg: Any, steps: set[int] | None = None) -> float:

@@ -9,10 +9,10 @@ from typing import Any
 def auto_choice(cfg: Any, budget: float) -> int | None:
     """What ``loss.mini_batch_size=auto`` in ``cfg`` resolves to under ``budget`` bytes, every text at full length
     (the plan of a run whose data's lengths are not known before training)."""
-    from gte_pro.training.memory import estimate, meta_backbone, shape_of
-    from gte_pro.training.memory_plan import with_mini_batch
-    from gte_pro.training.memory_setup import setup_of
-    from gte_pro.training.mini_batch import choose
+    from gte_pro.preflight.auto_mini_batch import choose
+    from gte_pro.preflight.memory_budget import with_mini_batch
+    from gte_pro.preflight.memory_estimate import estimate, meta_backbone, shape_of
+    from gte_pro.preflight.per_device import setup_of
 
     shape, setup = shape_of(meta_backbone(cfg.model)), setup_of(cfg, cuda=False)
     return choose(lambda m: estimate(shape, with_mini_batch(setup, m)).peak, setup.batch_texts, budget, "budget",

@@ -1,5 +1,6 @@
-"""Memory planning (gte_pro.training.memory, memory_plan): the estimate against the measured peak of real training
-steps on the CPU (every live tensor counted), the refusal and its options, and the record in metrics.json."""
+"""Memory planning (gte_pro.preflight.memory_estimate, memory_budget): the estimate against the measured peak of
+real training steps on the CPU (every live tensor counted), the refusal and its options, and the record in
+metrics.json."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import pytest
 import torch
 
 from gte_pro.errors import ConfigError
-from gte_pro.training.memory import GIB, Setup, estimate, meta_backbone, shape_of
-from gte_pro.training.memory_plan import MemoryBudgetError, plan_memory
-from gte_pro.training.memory_setup import setup_of
+from gte_pro.modes.prepare import prepare
+from gte_pro.preflight.memory_budget import MemoryBudgetError
+from gte_pro.preflight.memory_estimate import GIB, Setup, estimate, meta_backbone, shape_of
+from gte_pro.preflight.per_device import setup_of
 from gte_pro.utils.live_bytes import LiveBytes
 from tests.conftest import REPO
 
@@ -28,6 +30,12 @@ _spec.loader.exec_module(bench_memory)
 FAST = [("bert", "fp32"), ("qwen2", "bf16"), ("qwen2", "checkpointing"), ("modernbert", "lora"),
         ("bert", "gradcache")]
 ALL = [(family, check) for family in bench_memory.FAMILY for check in bench_memory.CHECKS]
+
+
+def plan_memory(cfg, run_folder: Path | None = None, resumed: bool = False):
+    """The memory plan a run makes before its model loads (the pre-flight on the run's data module); the
+    ``loss.mini_batch_size=auto`` choice settled in ``cfg``, as the run settles it."""
+    return prepare(cfg, run_folder, resumed)[1].memory
 
 
 def test_live_bytes_counts_each_storage_once_until_it_is_freed():
@@ -107,13 +115,26 @@ def test_memory_budget_values_are_checked(make_cfg):
     check_config(make_cfg(["trainer.memory_budget=12.5"]))
 
 
-def test_a_run_records_its_estimate(make_cfg, tmp_path: Path):
+def test_a_run_records_its_estimate_made_on_its_one_data_module(make_cfg, tmp_path: Path, monkeypatch):
+    """The estimate is in metrics.json, and was made on the data module the run trained on: one data module is
+    built in the whole run (issue 42: the memory plan built a second one before the model loaded)."""
+    from gte_pro.data.base import ContrastiveDataModule
     from gte_pro.train import train
 
+    built = []
+    original = ContrastiveDataModule.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(type(self).__name__)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ContrastiveDataModule, "__init__", counted)
     out = tmp_path / "run"
     train(make_cfg(["debug=fast", "logger=none", "export.hf=false"], output_dir=out))
     memory = json.loads((out / "metrics.json").read_text())["memory"]
     assert memory["estimated_peak"] > 0 and memory["activations"] > 0 and memory["context"] == 0
+    assert memory["full_length_peak"] > 0  # judged on the data's batches, read from that module's token cache
+    assert built == ["DemoDataModule"]
 
 
 # --- the plan judges the batches the data will make (issue 34) ------------------------------------------------------
@@ -154,7 +175,7 @@ def test_a_run_whose_batches_fit_starts_though_full_length_texts_would_not(make_
     plan = plan_memory(_mined_run(make_cfg, tmp_path, None))
     assert plan.full_length_peak > 2 * plan.peak
     budget = (plan.peak + plan.full_length_peak) / 2 / GIB
-    with caplog.at_level("INFO", logger="gte_pro.training.memory_plan"):
+    with caplog.at_level("INFO", logger="gte_pro.preflight.run"):
         started = plan_memory(_mined_run(make_cfg, tmp_path, budget))
     assert started.peak == pytest.approx(plan.peak)
     printed = "\n".join(r.getMessage() for r in caplog.records)
@@ -179,12 +200,12 @@ def test_a_run_whose_largest_batch_does_not_fit_is_refused_with_options_that_do(
 def test_the_plan_draws_the_lengths_the_training_loader_batches(make_cfg, tmp_path: Path):
     """The lengths the plan reads (token cache, the dataset's draw, the sampler's batches) are those of the batches
     the training loader makes."""
-    from gte_pro.modes.build import build_data_for, build_encoder, build_module
-    from gte_pro.training.data_lengths import data_lengths
+    from gte_pro.modes.build import build_data_before_model
+    from gte_pro.preflight.batch_lengths import batch_lengths
 
     cfg = _mined_run(make_cfg, tmp_path, None)
-    data = data_lengths(cfg, cuda=False)
-    datamodule = build_data_for(cfg, build_module(cfg, build_encoder(cfg)))
+    datamodule = build_data_before_model(cfg)  # the run's one data module: the plan reads it, the run trains on it
+    data = batch_lengths(cfg, datamodule, cuda=False)
     datamodule.prepare_data()
     datamodule.setup("fit")
     for rows, batch in zip(data.steps(8), datamodule.train_dataloader(), strict=True):
@@ -209,3 +230,16 @@ def test_the_cached_step_estimate_is_within_the_measured_peak_of_the_cached_loss
     assert chosen >= mini_batch
     assert bench_memory.estimated_peak(bench_memory.compose(bench_memory.gradcache_overrides(batch, chosen + 1))) \
         > estimated
+
+
+def test_the_plans_length_chunks_are_the_encoders(make_cfg):
+    """model.length_chunks is auto in the schema (4 on the CPU): the plan cuts a forward as the encoder does (it fell
+    back to 1 of its own where the key was missing); one block under left padding."""
+    from gte_pro.models.length_chunks import chunks_for
+    from gte_pro.modes.build import build_encoder
+    from gte_pro.preflight.batch_lengths import length_chunks_of
+
+    cfg = make_cfg(["debug=fast"])
+    assert length_chunks_of(cfg, False, "right") == chunks_for(build_encoder(cfg).length_chunks, "cpu") == 4
+    assert length_chunks_of(make_cfg(["debug=fast", "model.length_chunks=2"]), False, "right") == 2
+    assert length_chunks_of(cfg, False, "left") == 1

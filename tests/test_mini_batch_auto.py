@@ -1,5 +1,5 @@
 """``loss.mini_batch_size=auto`` (issue 33): the GradCache mini-batch chosen from the memory plan before the model
-loads (gte_pro/training/mini_batch.py)."""
+loads (gte_pro/preflight/auto_mini_batch.py)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,21 @@ import pytest
 
 from gte_pro.config.checks import check_config
 from gte_pro.errors import ConfigError
-from gte_pro.training.memory import GIB, meta_backbone, shape_of
-from gte_pro.training.memory_plan import MemoryBudgetError, judged, plan_memory, uses_cuda, with_mini_batch
-from gte_pro.training.memory_setup import setup_of
-from gte_pro.training.mini_batch import RECORD, choose, largest_fitting
+from gte_pro.modes.prepare import prepare
+from gte_pro.preflight.auto_mini_batch import RECORD, choose, largest_fitting
+from gte_pro.preflight.memory_budget import MemoryBudgetError, judged, uses_cuda, with_mini_batch
+from gte_pro.preflight.memory_estimate import GIB, meta_backbone, shape_of
+from gte_pro.preflight.per_device import setup_of
 
-LOGGER = "gte_pro.training.mini_batch"
+LOGGER = "gte_pro.preflight.auto_mini_batch"
 # the tiny BERT, batch 32 x (query, positive, 1 negative): activations are most of the peak
 RUN = ["debug=fast", "data.batch_size=32", "data.num_negatives=1", "logger=none", "export.hf=false"]
+
+
+def plan_memory(cfg, run_folder: Path | None = None, resumed: bool = False):
+    """The memory plan a run makes before its model loads (the pre-flight on the run's data module); the
+    ``loss.mini_batch_size=auto`` choice settled in ``cfg``, as the run settles it."""
+    return prepare(cfg, run_folder, resumed)[1].memory
 
 
 def _auto(make_cfg, budget: float | None, *extra: str, output_dir: Path | None = None):
@@ -28,10 +35,11 @@ def _auto(make_cfg, budget: float | None, *extra: str, output_dir: Path | None =
 
 def _peak(cfg, mini_batch: int | None) -> float:
     """The estimate the plan judges for ``cfg`` (the data's largest batch) at ``loss.mini_batch_size=mini_batch``."""
-    from gte_pro.training.data_lengths import data_lengths
+    from gte_pro.modes.build import build_data_before_model
+    from gte_pro.preflight.batch_lengths import batch_lengths
 
     cuda = uses_cuda(cfg)
-    data = data_lengths(cfg, cuda)
+    data = batch_lengths(cfg, build_data_before_model(cfg), cuda)
     setup = setup_of(cfg, cuda, data.datamodule.num_negatives if data is not None else None)
     shape = shape_of(meta_backbone(cfg.model))
     return judged(shape, with_mini_batch(setup, mini_batch), data)[0].peak

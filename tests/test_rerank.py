@@ -311,3 +311,14 @@ def test_an_unknown_task_lists_the_valid_ones(make_cfg):
 
     with pytest.raises(MissingConfigException, match=r"task/rank(.|\n)*embed\n\trerank"):
         make_cfg(["task=rank"])
+
+
+def test_the_retriever_batch_size_is_the_composed_one(make_cfg):
+    """eval.retriever_batch_size is ${data.eval_batch_size} in the schema; the module reads the composed value (it
+    fell back to 64 of its own where the key was missing)."""
+    from gte_pro.modes.build import module_config
+    from gte_pro.training.rerank_module import RerankModule
+
+    for overrides, expected in (([], 128), (["data.eval_batch_size=96"], 96), (["eval.retriever_batch_size=8"], 8)):
+        config = module_config(make_cfg(["task=rerank", *overrides]))
+        assert RerankModule.options_from_config(config)["retriever_batch_size"] == expected

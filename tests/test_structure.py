@@ -28,7 +28,9 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("data", "models"),  # rows -> batches and stores; the encoder and what shapes it
     ("scoring",),  # a file scored by a teacher, and the teacher judged on its scores (rescoring uses the judge)
     ("evaluation", "mining"),  # metrics and evaluation sets; hard negatives
-    ("training", "export", "config"),  # inside trainer.fit; exports of a trained encoder; checking a config
+    # inside trainer.fit; exports of a trained encoder; checking a config; the checks and choices before the weights
+    # load (memory plan, mini-batch, the batches' lengths)
+    ("training", "export", "config", "preflight"),
     ("modes",),  # what a run does (build, fit, evaluate, mine, score)
     ("train", ""),  # the entry train(cfg); the package's config resolvers (lazy imports when Hydra resolves)
 )
@@ -288,6 +290,67 @@ def test_no_module_outside_data_writes_into_a_data_module():
     found = [hit for path in paths for hit in data_module_writes(module_name(path), path.read_text())]
     assert not found, ("writes into a data module from outside gte_pro/data (hand it the collaborator when it is "
                        "built: gte_pro/data/collaborators.py):\n" + "\n".join(found))
+
+
+# A data module's private methods and attributes (``_cache_folder``, ``_ensure_cache``, ...) are the data package's
+# own: other floors use its public interface (``open_token_cache``, ``train_sampler``, ...). Data modules are built in
+# gte_pro/modes (and gte_pro/data) only: the pre-flight reads the run's one data module, it never builds a second.
+_DATA_MODULE_BUILDING = (*_DATA_MODULE_BUILDERS, "build_data_before_model")
+DATA_MODULE_BUILDERS_AT = ("data", "modes")
+
+
+def data_module_private_uses(module: str, source: str) -> list[str]:
+    """``module:line: expression`` for every ``<data module>._name`` (a call or a read) in ``source``."""
+    tree = ast.parse(source)
+    bound = _bound_data_modules(tree)
+    found = sorted({(node.lineno, f"{module}:{node.lineno}: {ast.unparse(node)}") for node in ast.walk(tree)
+                    if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and _names_a_data_module(node.value, bound)})
+    return [hit for _, hit in found]
+
+
+def data_module_builds(module: str, source: str) -> list[str]:
+    """``module:line: call`` for every call that builds a data module (a builder, or a ``*DataModule(...)``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            called = ast.unparse(node.func).rpartition(".")[2]
+            if called in _DATA_MODULE_BUILDING or called.endswith("DataModule"):
+                found.append((node.lineno, f"{module}:{node.lineno}: {ast.unparse(node).splitlines()[0]}"))
+    return [hit for _, hit in sorted(found)]
+
+
+def test_the_rules_catch_the_second_data_module_of_the_old_memory_plan():
+    """gte_pro/training/data_lengths.py before the pre-flight read the run's own data module (issue 42)."""
+    old = """
+def data_lengths(cfg, cuda):
+    datamodule = build_datamodule(cfg, tokenizer, eval_sets=eval_set_source(cfg))
+    if not isinstance(datamodule, ContrastiveDataModule) or datamodule._cache_folder() is None:
+        return None
+    cache = datamodule.open_token_cache()
+    return cfg.trainer.datamodule._ensure_cache(), datamodule.seed
+"""
+    assert data_module_private_uses("gte_pro.training.data_lengths", old) == [
+        "gte_pro.training.data_lengths:4: datamodule._cache_folder",
+        "gte_pro.training.data_lengths:7: cfg.trainer.datamodule._ensure_cache"]
+    assert data_module_builds("gte_pro.training.data_lengths", old) == [
+        "gte_pro.training.data_lengths:3: build_datamodule(cfg, tokenizer, eval_sets=eval_set_source(cfg))"]
+    assert data_module_builds("m", "x = JsonlDataModule(train_file=f)\ny = data.build_data_for(cfg, m)\n") == [
+        "m:1: JsonlDataModule(train_file=f)", "m:2: data.build_data_for(cfg, m)"]
+
+
+def test_no_module_outside_data_uses_a_data_modules_private_names():
+    paths = [p for p in sorted(PACKAGE.rglob("*.py")) if folder(module_name(p)) != "data"]
+    found = [hit for path in paths for hit in data_module_private_uses(module_name(path), path.read_text())]
+    assert not found, "a data module's private names used outside gte_pro/data (use or add a public method):\n" + \
+        "\n".join(found)
+
+
+def test_data_modules_are_built_in_modes_only():
+    paths = [p for p in sorted(PACKAGE.rglob("*.py")) if folder(module_name(p)) not in DATA_MODULE_BUILDERS_AT]
+    found = [hit for path in paths for hit in data_module_builds(module_name(path), path.read_text())]
+    assert not found, ("data modules built outside gte_pro/modes (the pre-flight reads the run's own: "
+                       "gte_pro/modes/prepare.py):\n" + "\n".join(found))
 
 
 def test_no_module_is_oversized():

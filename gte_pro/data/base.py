@@ -43,6 +43,10 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
     run with the same source, tokenizer and settings starts from the cache without reading the source again.
     """
 
+    # the training loader batches the token cache in train_sampler's order: the pre-flight reads those batches'
+    # lengths before training (gte_pro.preflight.batch_lengths); a module that batches its own way (a mix) says False
+    batches_from_train_sampler = True
+
     def __init__(
         self,
         *,
@@ -213,7 +217,8 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
     def setup(self, stage: str | None = None) -> None:
         if self.retrieval is not None:
             return
-        cache = TokenizedCache(self._ensure_cache())
+        # opened once: by the pre-flight before the model loaded (open_token_cache), else here
+        cache = self.token_cache if self.token_cache is not None else TokenizedCache(self._ensure_cache())
         self.reports = cache.meta["reports"]
         for report in self.reports:
             log.info("%s", CleaningReport.from_dict(report).summary())
@@ -264,15 +269,15 @@ class ContrastiveDataModule(ValidationSets, LightningDataModule, abc.ABC):
         return negatives_per_row(self.num_negatives_setting, cache.negative_counts(), report, remined)
 
     def open_token_cache(self) -> TokenizedCache:
-        """The training rows' token cache, built where missing, and the negatives per row it makes: what the memory
-        plan (``gte_pro.training.data_lengths``) reads before the model loads; ``setup`` does this and more."""
+        """The training rows' token cache, built where missing, and the negatives per row it makes: what the
+        pre-flight (``gte_pro.preflight.batch_lengths``) reads before the model loads; ``setup`` then reuses it."""
         if self.token_cache is None:
             self.token_cache = TokenizedCache(self._ensure_cache())
             self.num_negatives = self._negatives_per_row(self.token_cache, report=False)
         return self.token_cache
 
     def train_sampler(self, world_size: int = 1, rank: int = 0, batch_size: int | None = None) -> EpochSampler:
-        """The training loader's batch order (the memory plan, ``gte_pro.training.data_lengths``, reads its batches
+        """The training loader's batch order (the pre-flight, ``gte_pro.preflight.batch_lengths``, reads its batches
         before training: the same sampler, so the same batches)."""
         if self.token_cache is None:
             raise RuntimeError("setup() first")

@@ -1,5 +1,5 @@
 """The data module a composed config names (``data/``): built here, on the data floor, so that both the run
-(``gte_pro.modes.build``) and the memory plan (``gte_pro.training.data_lengths``, which reads the batches before
+(``gte_pro.modes.build``) and the memory plan (``gte_pro.preflight.batch_lengths``, which reads the batches before
 the model loads) build it the same way."""
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ def draw_indices(seed: int, row: int, epoch: int, num_positives: int, pool_size:
                                                                                 list[tuple[int, int]]]:
     """What row ``row`` draws in ``epoch``, as indices: its positive's, its negatives' in the pool of ``pool_size``
     (None: a missing hard negative, filled with another row's positive), and those fills as (other row, index of its
-    positive). A pure function of (seed, row, epoch), so that the memory plan (``gte_pro.training.data_lengths``)
+    positive). A pure function of (seed, row, epoch), so that the memory plan (``gte_pro.preflight.batch_lengths``)
     draws the lengths a run will train on without reading the token ids. Indices rather than texts: the same draws
     as ``rng.choice(texts)``, and the teacher score of each."""
     rng = random.Random((seed * 1_000_003 + row) * 7_919 + epoch)

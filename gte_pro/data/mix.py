@@ -183,6 +183,8 @@ class MixDataModule(ContrastiveDataModule):
     those of the sources before it (``train_rows`` reads them back).
     """
 
+    batches_from_train_sampler = False  # its own sampler over the sources' caches (train_dataloader)
+
     def __init__(self, *, sources: Any, weights: Any = None, alpha: float = 0.5, same_source_batches: bool = True,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)

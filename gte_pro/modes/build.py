@@ -84,16 +84,43 @@ def task_collaborators(module: TrainingModule) -> dict[str, Any]:
     return {}
 
 
+def _trained_on(cfg: DictConfig) -> dict[str, Any]:
+    """A distillation loss's name when it trains on the data module's rows (mode=eval only validates), so that rows
+    without teacher scores or negatives are refused once read."""
+    if cfg.get("mode", "train") != "train":
+        return {}
+    return {"distill_loss": DISTILL_LOSSES.get(str(OmegaConf.select(cfg, "loss._target_", default="")))}
+
+
 def build_data_for(cfg: DictConfig, module: TrainingModule, **collaborators: Any) -> Any:
     """The data module for ``module``'s task (a reranker's batches are its own joined pairs, its validation sets
-    its candidates), with ``collaborators`` (``negative_pool``, ``eval_sets``) besides. A distillation loss's
-    name goes along when it trains on these rows (mode=eval only validates), so that rows without teacher scores
-    or negatives are refused once read."""
+    its candidates), with ``collaborators`` (``negative_pool``, ``eval_sets``) besides."""
     encoder = module.encoder
-    if cfg.get("mode", "train") == "train":
-        collaborators["distill_loss"] = DISTILL_LOSSES.get(str(OmegaConf.select(cfg, "loss._target_", default="")))
     return build_datamodule(cfg, encoder.tokenizer, encoder.query_prefix, encoder.doc_prefix,
-                            **task_collaborators(module), **collaborators)
+                            **task_collaborators(module), **_trained_on(cfg), **collaborators)
+
+
+def embedder_tokenizer(cfg: DictConfig) -> Any:
+    """The tokenizer ``build_encoder`` loads for ``task=embed`` (``Encoder.load``: the same files, the same
+    preparation, so the same token cache key), without the weights."""
+    from gte_pro.models.loading import check_trust_remote_code, load_tokenizer, prepare_tokenizer
+
+    model = cfg.model
+    check_trust_remote_code(model.trust_remote_code)
+    tokenizer = load_tokenizer(str(model.name_or_path), model.trust_remote_code)
+    prepare_tokenizer(tokenizer, model.padding_side, model.append_eos)
+    return tokenizer
+
+
+def build_data_before_model(cfg: DictConfig, **collaborators: Any) -> Any | None:
+    """``task=embed``: the run's data module, built before the encoder from the tokenizer the encoder will load
+    (no weights), so that the pre-flight reads its token cache and the run then trains on it. None for
+    ``task=rerank``, whose data module joins the cross-encoder's pairs and serves its module's validation
+    candidates: ``build_data_for``, once the module exists."""
+    if task_of(cfg) != "embed":
+        return None
+    return build_datamodule(cfg, embedder_tokenizer(cfg), cfg.model.query_prefix, cfg.model.doc_prefix,
+                            **_trained_on(cfg), **collaborators)
 
 
 def build_strategy(cfg: DictConfig) -> Any:
@@ -103,7 +130,7 @@ def build_strategy(cfg: DictConfig) -> Any:
     return cfg.strategy.name
 
 
-# keys of conf/trainer/ that gte_pro reads itself (gte_pro.training.memory_plan), not Trainer(...) options
+# keys of conf/trainer/ that gte_pro reads itself (gte_pro.preflight.memory_budget), not Trainer(...) options
 GTE_PRO_TRAINER_KEYS = ("memory_budget",)
 
 

@@ -48,11 +48,12 @@ from gte_pro.modes.build import (
     start_run,
 )
 from gte_pro.modes.handoff import after_reranker
+from gte_pro.modes.prepare import prepare
+from gte_pro.preflight.memory_budget import memory_record
+from gte_pro.preflight.memory_estimate import MemoryPlan
 from gte_pro.training.base_module import TrainingModule
 from gte_pro.training.callbacks import DecontaminationRecord, Throughput, ValidationRecord
 from gte_pro.training.lr_find import find_lr
-from gte_pro.training.memory import MemoryPlan
-from gte_pro.training.memory_plan import memory_record, plan_memory
 from gte_pro.utils.files import write_json_atomic
 from gte_pro.utils.plots import plot_run_logged
 from gte_pro.utils.secrets import redact_secrets
@@ -134,15 +135,16 @@ def set_up(cfg: DictConfig, times: PhaseTimes) -> Run:
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
     check_export_requirements(cfg.get("export"))
 
-    # before the weights load: a run that cannot fit stops here, with what would fit; loss.mini_batch_size=auto is
-    # resolved here (and kept in the run folder for a resume)
-    memory = plan_memory(cfg, output_dir, resumed=ckpt_path is not None)
-    encoder = build_encoder(cfg)
-    module = build_module(cfg, encoder)
     remine = remine_callback(cfg, output_dir)
     # eval.beir: validated (and logged) next to the held-out split; data.remine: the pool the training rows draw from
-    datamodule = build_data_for(cfg, module, eval_sets=eval_set_source(cfg),
-                                negative_pool=remine.pool if remine is not None else None)
+    collaborators = {"eval_sets": eval_set_source(cfg), "negative_pool": remine.pool if remine is not None else None}
+    # before the weights load, on the run's one data module (task=embed): a run that cannot fit stops here, with what
+    # would fit; loss.mini_batch_size=auto is resolved here (and kept in the run folder for a resume)
+    datamodule, decisions = prepare(cfg, output_dir, resumed=ckpt_path is not None, **collaborators)
+    encoder = build_encoder(cfg)
+    module = build_module(cfg, encoder)
+    if datamodule is None:  # task=rerank: its data module joins the module's pairs and serves its candidates
+        datamodule = build_data_for(cfg, module, **collaborators)
     _log_parameters(encoder)
     configured = instantiate_dict(cfg.get("callbacks"))
     validation = ValidationRecord()
@@ -156,7 +158,7 @@ def set_up(cfg: DictConfig, times: PhaseTimes) -> Run:
                trainer=build_trainer(cfg, callbacks, loggers), callbacks=callbacks, loggers=loggers,
                ckpt_path=ckpt_path, config_changes=config_changes, validation=validation,
                throughput=next((cb for cb in configured if isinstance(cb, Throughput)), None), remine=remine,
-               times=times, memory=memory)
+               times=times, memory=decisions.memory)
 
 
 @contextlib.contextmanager

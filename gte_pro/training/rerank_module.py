@@ -33,8 +33,8 @@ class RerankModule(TrainingModule):
     ``gte_pro.training.losses_rerank``. ``retriever``: where validation's candidates come from (an embedder's path
     or hub name, or ``rows``), ``rerank_depth`` of them per query."""
 
-    def __init__(self, *args: Any, retriever: str | None = None, rerank_depth: int = 100,
-                 retriever_batch_size: int = 64, retriever_max_length: int | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, retriever_batch_size: int, retriever: str | None = None, rerank_depth: int = 100,
+                 retriever_max_length: int | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.retriever = retriever
         self.retriever_max_length = retriever_max_length  # the evaluation's truncation (eval.max_length)
@@ -49,7 +49,8 @@ class RerankModule(TrainingModule):
     def options_from_config(cls, config: dict[str, Any]) -> dict[str, Any]:
         evaluation = config.get("eval") or {}
         return {"retriever": evaluation.get("retriever"), "rerank_depth": evaluation.get("rerank_depth", 100),
-                "retriever_batch_size": evaluation.get("retriever_batch_size", 64),
+                # eval.retriever_batch_size: ${data.eval_batch_size} (the schema fills it; every rerank run carried it)
+                "retriever_batch_size": evaluation["retriever_batch_size"],
                 "retriever_max_length": evaluation.get("max_length")}
 
     # --- training ---------------------------------------------------------------------------------------------

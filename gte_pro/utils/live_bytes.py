@@ -4,7 +4,7 @@
 allocator's free lists and Python). :class:`LiveBytes` is a dispatch mode that sees each tensor an operator returns,
 counts its storage once (views share it) until the storage is freed, and keeps the peak; the tensors that existed
 before (a model's parameters) are added with :meth:`LiveBytes.add`. It checks the memory estimate
-(:mod:`gte_pro.training.memory`) against real training steps on the CPU.
+(:mod:`gte_pro.preflight.memory_estimate`) against real training steps on the CPU.
 """
 
 from __future__ import annotations

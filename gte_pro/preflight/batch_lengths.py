@@ -1,8 +1,9 @@
-"""The batches a run will train on, as token lengths: what the memory plan (``gte_pro.training.memory_plan``) judges
-instead of every text at ``model.max_length``.
+"""The batches a run will train on, as token lengths: what the memory plan (``gte_pro.preflight.memory_budget``)
+judges instead of every text at ``model.max_length``.
 
-Before the model loads, the run's tokenizer (cheap: no weights) builds or opens the token cache, which the run's
-data module then reuses. From it: each row's query length and the lengths of the positive and negatives it draws
+Before the model loads, the run's one data module (built from the tokenizer alone: no weights) opens its token
+cache, built where missing, through its public ``open_token_cache``; the run then trains on that module. From it:
+each row's query length and the lengths of the positive and negatives it draws
 (``gte_pro.data.datasets.draw_indices``, the training dataset's own draw, epoch 0), and the batches of the training
 loader's own sampler (``ContrastiveDataModule.train_sampler``: the same seed, length grouping and windows). Each
 device's share of a step is a query forward and a document forward (positives, then each row's negatives), each
@@ -133,15 +134,6 @@ def drawn_lengths(table: pa.Table, num_negatives: int, seed: int, epoch: int = 0
     return query, docs
 
 
-def training_tokenizer(model_cfg: Any) -> Any:
-    """The tokenizer the encoder will load (``gte_pro.models.encoder.Encoder``): the same token cache key."""
-    from gte_pro.models.loading import load_tokenizer, prepare_tokenizer
-
-    tokenizer = load_tokenizer(str(model_cfg.name_or_path), bool(model_cfg.get("trust_remote_code", False)))
-    prepare_tokenizer(tokenizer, model_cfg.get("padding_side"), model_cfg.get("append_eos", False))
-    return tokenizer
-
-
 def world_size_of(cfg: Any) -> int:
     try:
         return max(int(cfg.get("devices", 1)) * int(cfg.get("nodes", 1)), 1)
@@ -149,29 +141,29 @@ def world_size_of(cfg: Any) -> int:
         return 1
 
 
-def data_lengths(cfg: Any, cuda: bool) -> DataLengths | None:
-    """The lengths of the run's batches (module docstring), building the token cache where the data module would;
-    None where the plan judges full-length texts instead: ``task=rerank`` (pairs are joined per batch), a data
-    module that batches its own way (``data=mix``), a source without a stable cache, ``data.remine``."""
+def length_chunks_of(cfg: Any, cuda: bool, padding_side: str) -> int:
+    """The most length chunks of a forward as the encoder cuts them on this device (``model.length_chunks``; one
+    block under ``model.compile``, left padding or FSDP, as gte_pro.models.encoder and gte_pro.launch.fsdp set it)."""
+    chunks = chunks_for(cfg.model.length_chunks, "cuda" if cuda else "cpu")
+    strategy = str(cfg.get("strategy", {}).get("_target_", "") or "")
+    if cfg.model.get("compile") or padding_side != "right" or strategy.endswith("FSDPStrategy"):
+        return 1
+    return chunks
+
+
+def batch_lengths(cfg: Any, datamodule: Any, cuda: bool) -> DataLengths | None:
+    """The lengths of the run's batches (module docstring), read from ``datamodule``, the run's own data module,
+    whose token cache this opens (built where missing); None where the plan judges full-length texts instead:
+    ``task=rerank`` (pairs are joined per batch), a data module that batches its own way (``data=mix``: its
+    ``batches_from_train_sampler`` is false), ``data.remine`` (re-mined negatives are not in the token cache)."""
     from gte_pro.data.base import ContrastiveDataModule
-    from gte_pro.data.configured import build_datamodule
-    from gte_pro.evaluation.sets import eval_set_source
 
     remine = cfg.data.get("remine") or {}
     if str(cfg.get("task", "embed")) != "embed" or remine.get("every_n_epochs") or remine.get("at_start"):
-        return None  # a reranker's joined pairs, re-mined negatives: not in the token cache
-    tokenizer = training_tokenizer(cfg.model)
-    # eval.beir as the run names them: data.decontaminate=drop opens the same rows as the run
-    datamodule = build_datamodule(cfg, tokenizer, str(cfg.model.get("query_prefix", "") or ""),
-                                  str(cfg.model.get("doc_prefix", "") or ""), eval_sets=eval_set_source(cfg))
-    if (not isinstance(datamodule, ContrastiveDataModule)
-            or type(datamodule).train_dataloader is not ContrastiveDataModule.train_dataloader
-            or datamodule._cache_folder() is None):
+        return None
+    if not isinstance(datamodule, ContrastiveDataModule) or not datamodule.batches_from_train_sampler:
         return None
     cache = datamodule.open_token_cache()
     query, docs = drawn_lengths(cache.token_rows().data.table, datamodule.num_negatives, datamodule.seed)
-    strategy = str(cfg.get("strategy", {}).get("_target_", "") or "")
-    chunks = chunks_for(cfg.model.get("length_chunks", 1), "cuda" if cuda else "cpu")
-    if cfg.model.get("compile") or tokenizer.padding_side != "right" or strategy.endswith("FSDPStrategy"):
-        chunks = 1  # as the encoder and gte_pro.launch.fsdp set it
+    chunks = length_chunks_of(cfg, cuda, datamodule.tokenizer.padding_side)
     return DataLengths(query, docs, datamodule, world_size_of(cfg), chunks)

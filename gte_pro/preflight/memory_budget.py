@@ -1,26 +1,23 @@
-"""Before a run loads its model: the memory estimate per device (:mod:`gte_pro.training.memory`), printed, and a
-refusal with the options that would fit when it is more than ``trainer.memory_budget`` allows.
+"""The memory estimate (:mod:`gte_pro.preflight.memory_estimate`) judged against what one device may use: the budget,
+the plan of the data's largest batch, the refusal of a run that does not fit and the options that would
+(``gte_pro.preflight.run`` prints and applies them before the model loads), and what ``metrics.json`` keeps.
 
 ``trainer.memory_budget``: ``auto`` (the GPU's memory; on the CPU the machine's RAM shared by the ``devices``
-processes), a number of GiB, or ``null`` (print the estimate, never refuse). ``loss.mini_batch_size=auto`` is
-resolved here, from the same estimate (gte_pro.training.mini_batch).
+processes), a number of GiB, or ``null`` (print the estimate, never refuse).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import replace
 from itertools import combinations
-from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 from gte_pro.errors import ConfigError
-from gte_pro.training.data_lengths import DataLengths, data_lengths
-from gte_pro.training.memory import (
+from gte_pro.preflight.batch_lengths import DataLengths
+from gte_pro.preflight.memory_estimate import (
     GIB,
     MemoryPlan,
     ModelShape,
@@ -28,14 +25,8 @@ from gte_pro.training.memory import (
     activation_bytes,
     estimate,
     gib,
-    meta_backbone,
-    shape_of,
     with_lora_shape,
 )
-from gte_pro.training.memory_setup import setup_of
-from gte_pro.training.mini_batch import Choice, choose, is_auto, keep, recorded, settle
-
-log = logging.getLogger(__name__)
 
 Change = Callable[[ModelShape, Setup], tuple[ModelShape, Setup] | None]
 
@@ -68,81 +59,11 @@ def budget_of(cfg: Any, cuda: bool) -> tuple[float | None, str]:
     return psutil.virtual_memory().total / processes, f"this machine's RAM{share}"
 
 
-def plan_memory(cfg: Any, run_folder: Path | None = None, resumed: bool = False) -> MemoryPlan | None:
-    """Print the estimate; raise :class:`MemoryBudgetError` when it does not fit. None when the model's config cannot
-    be read here (the model's loading then says why). ``loss.mini_batch_size=auto`` is resolved first, in ``cfg``
-    (kept in ``run_folder``, and reused from it where the run is ``resumed``).
-
-    The figure judged is the peak of the batches the data will make (``gte_pro.training.data_lengths``: each text's
-    length from the token cache, batched by the training sampler, in the encoder's length chunks); every text at
-    ``model.max_length`` is printed beside it as the worst case, and judges only where the data's batches cannot be
-    read before training (``data_lengths`` says where)."""
-    try:
-        shape = shape_of(meta_backbone(cfg.model, str(cfg.get("task", "embed"))))
-    except (OSError, ValueError) as error:
-        log.debug("memory estimate skipped: %s", error)
-        if is_auto(cfg):
-            settle(cfg, Choice(None, True, "null (no memory estimate: the model's config cannot be read before it "
-                                           "loads; one forward over the batch)"))
-        return None
-    cuda = uses_cuda(cfg)
-    data = data_lengths(cfg, cuda)
-    budget, source = budget_of(cfg, cuda)
-    if is_auto(cfg):
-        resolve_auto(cfg, shape, setup_of(cfg, cuda, _negatives(data)), data, (budget, source), run_folder, resumed)
-    setup = setup_of(cfg, cuda, _negatives(data))
-    worst = estimate(shape, setup)
-    plan, batch = judged(shape, setup, data)
-    of_budget = f" of {gib(budget)} ({source})" if budget else ""
-    say = rank_zero_only(log.info)
-    if batch is None:
-        say("memory per device (estimated, %d texts x %d tokens per forward): %s%s; %s", setup.texts,
-            setup.tokens_per_text, gib(plan.peak), of_budget, plan.parts())
-    else:
-        say("memory per device (estimated for this data's largest batch, %s): %s%s; %s; at full length (the worst "
-            "case, %d texts x %d tokens per forward): %s", batch, gib(plan.peak), of_budget, plan.parts(),
-            setup.texts, setup.tokens_per_text, gib(worst.peak))
-    if budget is not None and plan.peak > budget:
-        options = fitting_options(shape, setup, budget, cfg, data)
-        raise MemoryBudgetError(refusal(plan, budget, source, options, batch))
-    if budget is not None and worst.peak > budget and batch is not None:
-        rank_zero_only(log.warning)(
-            "memory: starting, as this data's largest batch (%s) needs about %s per device, within %s (%s); "
-            "%d texts of %d tokens each would need %s", batch, gib(plan.peak), gib(budget), source, setup.texts,
-            setup.tokens_per_text, gib(worst.peak))
-    return replace(plan, full_length_peak=worst.peak) if batch is not None else plan
-
-
-def _negatives(data: DataLengths | None) -> int | None:
-    return data.datamodule.num_negatives if data is not None else None
-
-
 def with_mini_batch(setup: Setup, mini_batch: int | None) -> Setup:
     """``setup`` under ``loss.mini_batch_size=mini_batch`` (None: one forward over the batch)."""
     if not mini_batch:
         return replace(setup, texts=setup.batch_texts or setup.texts, mini_batch=None)
     return replace(setup, texts=min(setup.batch_texts or setup.texts, mini_batch), mini_batch=mini_batch)
-
-
-def resolve_auto(cfg: Any, shape: ModelShape, setup: Setup, data: DataLengths | None,
-                 budget: tuple[float | None, str], run_folder: Path | None, resumed: bool) -> None:
-    """``loss.mini_batch_size=auto`` -> the number (or null) the estimate picks (gte_pro.training.mini_batch), set in
-    ``cfg``; the choice kept in the run folder is reused on resume. Nothing fits: the refusal, with options."""
-    choice = recorded(run_folder) if resumed else None
-    if choice is None:
-        def peak(mini_batch: int | None) -> float:
-            return judged(shape, with_mini_batch(setup, mini_batch), data)[0].peak
-
-        fsdp = str(cfg.get("strategy", {}).get("_target_", "") or "").endswith("FSDPStrategy")
-        choice = choose(peak, setup.batch_texts or setup.texts, *budget, fsdp)
-        if not choice.fits:
-            whole = with_mini_batch(setup, None)
-            plan, batch = judged(shape, whole, data)
-            options = fitting_options(shape, whole, float(budget[0] or 0), cfg, data)
-            raise MemoryBudgetError(f"loss.mini_batch_size=auto: {choice.why}\n"
-                                    + refusal(plan, float(budget[0] or 0), budget[1], options, batch))
-        keep(run_folder, choice)
-    settle(cfg, choice)
 
 
 def judged(shape: ModelShape, setup: Setup, data: DataLengths | None) -> tuple[MemoryPlan, str | None]:

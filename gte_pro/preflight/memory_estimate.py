@@ -15,7 +15,7 @@ Large Transformer Models", count them; the coefficients measured here, see below
   ``12 * heads * length`` bytes where the attention probabilities are kept (eager attention, or sdpa with attention
   dropout on the CPU); with gradient checkpointing, each layer's fp32 input and one layer's activations, recomputed in
   backward; with LoRA, the inputs of the frozen projections (output, MLP) are not kept. Tokens: ``Setup.pieces``,
-  the (texts, padded length) pieces of the data's largest step (:mod:`gte_pro.training.data_lengths`: its query and
+  the (texts, padded length) pieces of the data's largest step (:mod:`gte_pro.preflight.batch_lengths`: its query and
   document forwards, in length chunks, or its largest GradCache mini-batch); without them, the texts of one forward
   (``loss.mini_batch_size`` under GradCache) at ``model.max_length``: the worst case, as batches are padded only
   to their longest text. The forward-backward peak is weights + optimizer
@@ -88,7 +88,7 @@ class Setup:
     eager_attention: bool = False
     cuda: bool = False
     # the forwards whose activations one step keeps, as (texts, padded tokens) pieces: the largest step of the data
-    # (gte_pro.training.data_lengths); empty: ``texts`` at ``tokens_per_text``, every text at full length
+    # (gte_pro.preflight.batch_lengths); empty: ``texts`` at ``tokens_per_text``, every text at full length
     pieces: tuple[tuple[int, int], ...] = ()
     rows: int = 0  # data.batch_size: rows per device and step
     mini_batch: int | None = None  # loss.mini_batch_size (GradCache)

@@ -1,5 +1,5 @@
 """``loss.mini_batch_size=auto``: the GradCache mini-batch (gte_pro.training.gradcache) chosen from the memory plan
-(gte_pro.training.memory_plan) before the model loads.
+(gte_pro.preflight.memory_budget) before the model loads (``gte_pro.preflight.run``).
 
 - the whole batch in one forward (``null``) where its estimated peak fits ``trainer.memory_budget``;
 - else the largest mini-batch whose cached step fits (a bisection over 1 .. texts of the step: the estimate grows
@@ -9,7 +9,8 @@
   (the model's config cannot be read before it loads): ``null``, said so.
 
 The choice is one info line, and is kept in the run folder (``mini_batch_size.json``): a resumed run reuses it, so
-that it sums the same mini-batches in the same order as the run it continues, even where the budget differs.
+that it sums the same mini-batches in the same order as the run it continues, even where the budget differs. The
+pre-flight returns it; the run puts it in its config (``settle``) before the loss is built.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from typing import Any
 
 from omegaconf import open_dict, read_write
 
-from gte_pro.training.memory import gib
+from gte_pro.preflight.batch_lengths import DataLengths
+from gte_pro.preflight.memory_budget import MemoryBudgetError, fitting_options, judged, refusal, with_mini_batch
+from gte_pro.preflight.memory_estimate import ModelShape, Setup, gib
 from gte_pro.utils.files import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -101,10 +104,38 @@ def keep(run_folder: Path | None, choice: Choice) -> None:
         write_json_atomic(run_folder / RECORD, {"mini_batch_size": choice.value, "why": choice.why})
 
 
-def settle(cfg: Any, choice: Choice) -> None:
-    """Put the resolved value in the config the run builds its loss from, and say it (one info line)."""
+def resolve(cfg: Any, shape: ModelShape, setup: Setup, data: DataLengths | None, budget: tuple[float | None, str],
+            run_folder: Path | None, resumed: bool) -> Choice:
+    """``loss.mini_batch_size=auto`` -> the number (or null) the estimate picks, said in one info line; the choice
+    kept in the run folder is reused on resume, a new one is kept there. Nothing fits: the refusal, with options."""
+    choice = recorded(run_folder) if resumed else None
+    if choice is None:
+        def peak(mini_batch: int | None) -> float:
+            return judged(shape, with_mini_batch(setup, mini_batch), data)[0].peak
+
+        fsdp = str(cfg.get("strategy", {}).get("_target_", "") or "").endswith("FSDPStrategy")
+        choice = choose(peak, setup.batch_texts or setup.texts, *budget, fsdp)
+        if not choice.fits:
+            whole = with_mini_batch(setup, None)
+            plan, batch = judged(shape, whole, data)
+            options = fitting_options(shape, whole, float(budget[0] or 0), cfg, data)
+            raise MemoryBudgetError(f"loss.mini_batch_size=auto: {choice.why}\n"
+                                    + refusal(plan, float(budget[0] or 0), budget[1], options, batch))
+        keep(run_folder, choice)
+    return announce(choice)
+
+
+def announce(choice: Choice) -> Choice:
+    """Say the choice (one info line, rank 0)."""
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
+    rank_zero_only(log.info)("loss.mini_batch_size=auto: %s", choice.why)
+    return choice
+
+
+def settle(cfg: Any, choice: Choice | None) -> None:
+    """Put the resolved value in the config the run builds its loss from (None: ``auto`` was not asked for)."""
+    if choice is None:
+        return
     with read_write(cfg), open_dict(cfg):
         cfg.loss.mini_batch_size = choice.value
-    rank_zero_only(log.info)("loss.mini_batch_size=auto: %s", choice.why)

@@ -1,12 +1,12 @@
 """The per-device work of a composed config (texts per forward, rows, negatives, GradCache's mini-batch, FSDP's
-shards, the loss's embeddings and score matrix): the :class:`gte_pro.training.memory.Setup` that the memory estimate
-reads."""
+shards, the loss's embeddings and score matrix): the :class:`gte_pro.preflight.memory_estimate.Setup` that the memory
+estimate reads."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gte_pro.training.memory import Setup
+from gte_pro.preflight.memory_estimate import Setup
 
 
 def negatives_of(cfg: Any) -> int:
@@ -20,7 +20,8 @@ def negatives_of(cfg: Any) -> int:
 
 
 def mini_batch_of(cfg: Any) -> int | None:
-    """``loss.mini_batch_size`` as a number (None: off, or ``auto`` not yet resolved: gte_pro.training.mini_batch)."""
+    """``loss.mini_batch_size`` as a number (None: off, or ``auto`` not yet resolved:
+    gte_pro.preflight.auto_mini_batch)."""
     value = cfg.get("loss", {}).get("mini_batch_size")
     return int(value) if value and value != "auto" else None
 
