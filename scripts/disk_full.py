@@ -4,6 +4,8 @@ command, once there is space again, ends bit-identical to an uninterrupted run.
     python scripts/disk_full.py --mode inject            # no root: the n-th write of each kind fails with ENOSPC
     python scripts/disk_full.py --mode tmpfs             # root: the run on a small tmpfs, filled to each level
     python scripts/disk_full.py --mode inject --kinds checkpoint-last,csv-logger --quick
+    python scripts/disk_full.py --mode inject --task mine   # mode=mine: its corpus store, mined file and report
+    python scripts/disk_full.py --mode inject --task score  # mode=score of a mined file: shards, scored file
 
 ``inject``: a ``--child`` wrapper runs train.py with a Python audit hook that fails the ``nth`` opening for writing
 of a path of one kind (the run's log, lock and records, the token cache, the CSV logger, the best and the last
@@ -41,8 +43,13 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import fault_injection  # noqa: E402
 
-# the issue's command: two epochs of the tiny model, a validation at each epoch's end, exports on
-RUN = ["debug=fast", "seed=3", "trainer.max_epochs=2", "callbacks.progress_bar=null"]
+# task -> its command's overrides: the issue's (two epochs of the tiny model, a validation at each epoch's end,
+# exports on), mode=mine on the same data (a corpus store, the mined file, its report and plot), and mode=score of
+# that mined file by the packaged MiniLM as the teacher ({mined}: made once per work folder, see score_input)
+TASKS = {"train": ["debug=fast", "seed=3", "trainer.max_epochs=2", "callbacks.progress_bar=null"],
+         "mine": ["mode=mine", "debug=fast", "seed=3"],
+         "score": ["mode=score", "debug=fast", "data=jsonl", "data.train_file={mined}", "score.teacher={minilm}",
+                   "score.teacher_kind=embedder"]}
 # kind -> the paths it writes (a regex over the path; a temporary sibling keeps its target's name in it)
 KINDS = {
     "train.log": r"/train\.log$",
@@ -57,6 +64,10 @@ KINDS = {
     "export-hf": r"/hf(\.tmp[^/]*)?/",
     "metrics": r"/metrics\.(json|md)",
     "curves": r"/curves\.png",
+    "mined-file": r"/mined\.jsonl",
+    "mine-report": r"/mine_report\.(json|md)|/mine_scores\.png",
+    "score-shards": r"/score_shards/",
+    "scored-file": r"/scored\.jsonl|/score_report",
 }
 COUNTS = "GTE_PRO_DISK_FULL_COUNTS"  # the child writes how many writes of each kind it saw here (the reference)
 
@@ -97,9 +108,33 @@ def child(kind: str, nth: int, overrides: list[str]) -> None:
 
 
 # --- the harness ---------------------------------------------------------------------------------------------
-def _run(run: Path, cache: Path, log: Path, kind: str = "none", nth: int = 0,
-         env: dict[str, str] | None = None, timeout: float = 600.0) -> int:
-    command = [sys.executable, __file__, "--child", kind, str(nth), "--", *RUN, f"paths.cache_dir={cache}",
+INPUTS: list[Path] = []  # where the reference run was made: the score task's input goes there, not on a full disk
+
+
+def score_input(work: Path) -> Path:
+    """The file mode=score reads: a mode=mine run's output, made once under ``work``."""
+    mined = work / "score-input" / "mined.jsonl"
+    if not mined.is_file():
+        code = _run(mined.parent, work / "score-input-cache", work / "score-input.log", task="mine")
+        if code != 0:
+            raise RuntimeError(f"mode=mine for the score task's input failed (exit {code}), see {work}/score-input.log")
+    return mined
+
+
+def overrides(task: str, run: Path) -> list[str]:
+    """``task``'s command for a run folder (score: the mined file made beside the run folders)."""
+    if task != "score":
+        return TASKS[task]
+    from gte_pro import packaged_minilm_path
+
+    values = {"mined": score_input(INPUTS[-1] if INPUTS else run.parent), "minilm": packaged_minilm_path()}
+    return [override.format(**values) for override in TASKS[task]]
+
+
+def _run(run: Path, cache: Path, log: Path, kind: str = "none", nth: int = 0, env: dict[str, str] | None = None,
+         timeout: float = 600.0, task: str = "train") -> int:
+    command = [sys.executable, __file__, "--child", kind, str(nth), "--", *overrides(task, run),
+               f"paths.cache_dir={cache}",
                f"hydra.run.dir={run}"]
     with log.open("w") as out:
         return subprocess.run(command, cwd=REPO, env={**fault_injection._env(cache), **(env or {})}, stdout=out,
@@ -115,13 +150,21 @@ def _error_line(log: Path) -> tuple[str, bool]:
 
 
 def same_run(run: Path, reference: Path) -> dict[str, bool]:
+    """Training: every weight of last.ckpt, the exported model's bytes, metrics.json's numbers; mining and scoring:
+    the written file's bytes (their reports hold timings)."""
+    for output in ("mined.jsonl", "scored.jsonl"):
+        if (reference / output).is_file():
+            files = [folder / output for folder in (run, reference)]
+            same = files[0].is_file() and files[0].read_bytes() == files[1].read_bytes()
+            return {"weights": same, "exported": same, "metrics": same}
     weights, metrics = fault_injection.identical(run, reference)
     model = [folder / "model" / "model.safetensors" for folder in (run, reference)]
     exported = all(p.is_file() for p in model) and model[0].read_bytes() == model[1].read_bytes()
     return {"weights": weights, "exported": exported, "metrics": metrics}
 
 
-def _case(name: str, run: Path, cache: Path, reference: Path, fail: Any, make_room: Any = None) -> dict[str, Any]:
+def _case(name: str, run: Path, cache: Path, reference: Path, fail: Any, make_room: Any = None,
+          task: str = "train") -> dict[str, Any]:
     """One fault: ``fail(run, cache, log)`` -> exit code; then ``make_room()`` and the same command again. The logs
     go beside the reference (not onto the full disk)."""
     started = time.monotonic()
@@ -131,7 +174,7 @@ def _case(name: str, run: Path, cache: Path, reference: Path, fail: Any, make_ro
     error, traceback = _error_line(logs / f"{run.name}.log")
     if make_room:
         make_room()
-    rerun = _run(run, cache, logs / f"{run.name}.rerun.log")
+    rerun = _run(run, cache, logs / f"{run.name}.rerun.log", task=task)
     same = same_run(run, reference) if rerun == 0 else {"weights": False, "exported": False, "metrics": False}
     # a run that fitted on the disk (exit 0) is fine too, if it equals the reference
     ok = ((code == 2 and error.startswith("error: ") and not traceback) or code == 0) and rerun == 0 and all(
@@ -140,30 +183,31 @@ def _case(name: str, run: Path, cache: Path, reference: Path, fail: Any, make_ro
             **same, "seconds": round(time.monotonic() - started, 1)}
 
 
-def reference_run(work: Path) -> tuple[Path, dict[str, int]]:
+def reference_run(work: Path, task: str = "train") -> tuple[Path, dict[str, int]]:
     """The uninterrupted run, with how many writes of each kind it made."""
+    INPUTS.append(work)
     reference, counts = work / "reference", work / "counts.json"
-    code = _run(reference, work / "reference-cache", work / "reference.log", env={COUNTS: str(counts)})
+    code = _run(reference, work / "reference-cache", work / "reference.log", env={COUNTS: str(counts)}, task=task)
     if code != 0:
         raise RuntimeError(f"the uninterrupted run failed (exit {code}), see {work / 'reference.log'}")
     return reference, json.loads(counts.read_text())
 
 
-def inject(work: Path, kinds: list[str], quick: bool,
-           reference: tuple[Path, dict[str, int]] | None = None) -> list[dict[str, Any]]:
-    """ENOSPC at the first (and, unless ``quick``, the last) write of each kind; ``reference``: an uninterrupted
-    run already made (its folder and write counts)."""
-    reference_folder, counts = reference or reference_run(work)
+def inject(work: Path, kinds: list[str] | None, quick: bool, reference: tuple[Path, dict[str, int]] | None = None,
+           task: str = "train") -> list[dict[str, Any]]:
+    """ENOSPC at the first (and, unless ``quick``, the last) write of each kind (None: every kind the task's run
+    writes); ``reference``: an uninterrupted run already made (its folder and write counts)."""
+    reference_folder, counts = reference or reference_run(work, task)
     results = []
-    for kind in kinds:
+    for kind in kinds or [kind for kind, count in counts.items() if count]:
         if counts[kind] == 0:
             results.append({"case": kind, "ok": False, "error": "the uninterrupted run made no such write"})
             continue
         for nth in sorted({1} if quick else {1, counts[kind]}):
-            name = f"{kind} #{nth}/{counts[kind]}"
+            name = f"{'' if task == 'train' else f'{task}: '}{kind} #{nth}/{counts[kind]}"
             run = work / re.sub(r"\W+", "-", name).strip("-")
             result = _case(name, run, work / f"{run.name}-cache", reference_folder,
-                           lambda r, c, log, k=kind, n=nth: _run(r, c, log, k, n))
+                           lambda r, c, log, k=kind, n=nth: _run(r, c, log, k, n, task=task), task=task)
             results.append(_report(result))
     return results
 
@@ -193,14 +237,15 @@ def small_disk(folder: Path, size: int) -> Iterator[Path]:
         subprocess.run(["umount", str(folder)], check=False)
 
 
-def fill_levels(mount: Path, reference: Path, sizes: list[int]) -> list[dict[str, Any]]:
+def fill_levels(mount: Path, reference: Path, sizes: list[int], task: str = "train") -> list[dict[str, Any]]:
     """The run on ``mount`` with each of ``sizes`` bytes free, then (the filler gone) the same command again."""
     results = []
     for free in sizes:
         filler = _fill(mount, free)
         run, cache = mount / f"run-{free}", mount / f"cache-{free}"
         results.append(_report(_case(f"{free // 1024} KB free", run, cache, reference,
-                                     lambda r, c, log: _run(r, c, log), make_room=filler.unlink)))
+                                     lambda r, c, log: _run(r, c, log, task=task), make_room=filler.unlink,
+                                     task=task)))
         shutil.rmtree(run, ignore_errors=True)
         shutil.rmtree(cache, ignore_errors=True)
     return results
@@ -210,13 +255,13 @@ def footprint(run: Path) -> int:
     return sum(p.stat().st_size for p in run.rglob("*") if p.is_file())
 
 
-def tmpfs(work: Path, levels: int, quick: bool) -> list[dict[str, Any]]:
-    reference, _ = reference_run(work)
+def tmpfs(work: Path, levels: int, quick: bool, task: str = "train") -> list[dict[str, Any]]:
+    reference, _ = reference_run(work, task)
     size = footprint(reference)
     levels_free = [0, 4096, 65536, 1 << 20] + [size * i // levels for i in range(1, levels + 1)]
     # the run needs up to four checkpoints at once (best, previous, last and the one being written)
     with small_disk(work / "small", size * 2 + (4 << 20)) as mount:
-        return fill_levels(mount, reference, levels_free[:: 3 if quick else 1])
+        return fill_levels(mount, reference, levels_free[:: 3 if quick else 1], task)
 
 
 def _report(result: dict[str, Any]) -> dict[str, Any]:
@@ -234,7 +279,9 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=("inject", "tmpfs"), default="inject")
-    parser.add_argument("--kinds", default=",".join(KINDS), help=f"inject: comma-separated, of {', '.join(KINDS)}")
+    parser.add_argument("--task", choices=list(TASKS), default="train", help="the command whose disk fills")
+    parser.add_argument("--kinds", default=None, help=f"inject: comma-separated, of {', '.join(KINDS)} (default: "
+                                                      "every kind the task's run writes)")
     parser.add_argument("--levels", type=int, default=10, help="tmpfs: free-space levels up to the run's size")
     parser.add_argument("--quick", action="store_true", help="inject: first writes only; tmpfs: every third level")
     parser.add_argument("--work", type=Path, default=None)
@@ -242,12 +289,13 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="gte_pro_disk_full_"))
     work.mkdir(parents=True, exist_ok=True)
     if args.mode == "inject":
-        unknown = sorted(set(args.kinds.split(",")) - set(KINDS))
+        kinds = args.kinds.split(",") if args.kinds else None
+        unknown = sorted(set(kinds or []) - set(KINDS))
         if unknown:
             raise SystemExit(f"unknown kind(s) {', '.join(unknown)}; the kinds: {', '.join(KINDS)}")
-        results = inject(work, args.kinds.split(","), args.quick)
+        results = inject(work, kinds, args.quick, task=args.task)
     else:
-        results = tmpfs(work, args.levels, args.quick)
+        results = tmpfs(work, args.levels, args.quick, args.task)
     failed = [r["case"] for r in results if not r["ok"]]
     print(f"disk full: {len(results) - len(failed)}/{len(results)} cases ok (work folder {work})"
           + (f"; FAILED: {', '.join(failed)}" if failed else ""))
