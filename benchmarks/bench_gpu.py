@@ -25,7 +25,7 @@ Rows, each in a fresh process (peak memory is per row):
 
 The texts are the demo corpus cut at the sequence length (dynamic padding, so real tokens < positions). Figures:
 samples/s, real tokens/s, padding, MFU = 6 x non-embedding parameters x padded tokens / s / the device's peak dense
-bf16 FLOP/s (a table of known devices, or ``--peak-tflops``), and peak GPU memory beside the estimate every run
+bf16 FLOP/s (mfu.py's table of known devices, or ``--peak-tflops``), and peak GPU memory beside the estimate every run
 prints (gte_pro/preflight/memory_estimate.py, texts at full length: an upper bound of these padded batches). The
 FLOPs count the model's matrix products, not attention's scores (a few % at these lengths) nor a recompute: gradient
 checkpointing's rows count 6N like full fine-tuning (its MFU falls by what the recompute costs). A LoRA row counts
@@ -45,6 +45,7 @@ from pathlib import Path
 
 import harness
 from harness import Column, Result
+from mfu import decoder_flops, peak_tflops, with_mfu
 from train_common import WARMUP_STEPS
 from train_runs import train_child
 
@@ -53,9 +54,6 @@ SIZES = {  # random_init_config of each encoder size (the packaged MiniLM tokeni
     "minilm": {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536},
     "base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
 }
-# dense bf16 peak FLOP/s (no sparsity) by a substring of torch.cuda.get_device_name()
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 SXM": 989.0, "H100 PCIe": 756.0, "H100": 756.0, "A100": 312.0,
-                    "L40S": 362.0, "L4": 121.0, "A10G": 70.0, "A10": 125.0, "RTX 4090": 165.0, "RTX 3090": 71.0}
 CHANGES = ("eager", "gradcache", "compile", "ddp")
 QWEN2_VOCAB = 151_936  # the rows of Qwen2's embedding matrix (its tokenizer has 151,646 tokens)
 DECODERS = {  # random_init_config of each decoder size over model=tiny_qwen2
@@ -117,31 +115,13 @@ def decoder_rows(args: argparse.Namespace) -> list[dict]:
     return grid + [{**reference, "change": change} for change in args.decoder_change_list]
 
 
-def decoder_flops(size: str, change: str | None) -> tuple[int, float]:
-    """(non-embedding parameters N, training FLOPs per processed token) of a decoder row: 6N, or for LoRA 4N (the
-    forward and the activations' gradients through the frozen weights) + 6 x the adapters' parameters. Counted on
-    the meta device: no memory, no weights."""
-    import torch
-    from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as LORA_TARGETS
-    from transformers import AutoConfig, AutoModel
-
-    with torch.device("meta"):
-        model = AutoModel.from_config(AutoConfig.for_model("qwen2", **DECODERS[size]))
-    params = sum(p.numel() for name, p in model.named_parameters() if "embed_tokens" not in name)
-    if change != "lora":
-        return params, 6.0 * params
-    targets = set(LORA_TARGETS["qwen2"])
-    adapters = sum(LORA["r"] * (module.in_features + module.out_features) for name, module in model.named_modules()
-                   if name.rsplit(".", 1)[-1] in targets)
-    return params, 4.0 * params + 6.0 * adapters
-
-
 def with_decoder_flops(result: Result) -> Result:
     """The child counts 6 x its parameters outside BERT's ``embeddings`` (a Qwen2's ``embed_tokens`` included, and
     no LoRA discount); a decoder row's FLOP/s are recounted here from its padded tokens/s."""
     if result.get("family") != "decoder" or "real_tokens_per_s" not in result:
         return result
-    params, per_token = decoder_flops(result["size"], result["change"])
+    lora_r = LORA["r"] if result["change"] == "lora" else None
+    params, per_token = decoder_flops(DECODERS[result["size"]], lora_r)
     padded_per_s = result["real_tokens_per_s"] / (1 - result["padding_fraction"])
     return {**result, "non_embedding_params": params, "flops_per_token": per_token,
             "gflops": per_token * padded_per_s / 1e9}
@@ -151,12 +131,6 @@ def fits(elapsed: float, expected: float, deadline: float | None) -> bool:
     """Whether a row expected to take ``expected`` seconds, started ``elapsed`` seconds in, ends by ``deadline``
     (None: no deadline). ``.gpu/run.sh``'s parts start no row that cannot end inside the device call."""
     return deadline is None or elapsed + expected <= deadline
-
-
-def peak_tflops(device_name: str, given: float | None) -> float | None:
-    if given:
-        return given
-    return next((tflops for key, tflops in PEAK_BF16_TFLOPS.items() if key in device_name), None)
 
 
 def measure(row: dict, args: argparse.Namespace, work: Path) -> Result:
@@ -181,12 +155,6 @@ def estimated_mb(overrides: list[str], precision: str, cuda: bool) -> float | No
     except Exception as error:  # noqa: BLE001 - a figure beside the measurement; never fail the row for it
         print(f"estimate failed: {type(error).__name__}: {error}", flush=True)
         return None
-
-
-def with_mfu(result: Result, tflops: float | None) -> Result:
-    if "gflops" in result and tflops:
-        result["mfu"] = result["gflops"] / (tflops * 1e3)
-    return result
 
 
 def report(results: list[Result], skipped: list[dict], args: argparse.Namespace, device: str,

@@ -31,17 +31,16 @@ Before a row starts, its time is estimated from the ``whole`` row's measured wal
 ``ESTIMATES``); a row that would end past ``--deadline`` (seconds from this script's start) is not started and is
 listed as not run. A row still running at the deadline is killed. ``--cpu``: the same rows on the CPU (tiny shape,
 fp32, gloo, 10 steps of texts cut at 64 tokens): a rehearsal of ``.gpu/run.sh`` (``GPU_RUN_CPU=1``). The runs'
-folders and logs stay in ``--work``; a failed row prints its log's last lines (a device call returns 8 files)."""
+folders and logs stay in ``--work``; a failed row prints its log's last lines (a device call returns 8 files).
+
+This file is the driver: the rows, the plan and the command line. A run's process (start, watch, kill) is
+train_process.py's; what a finished run says (metrics.json, its weights, its printed line) is gpu_run_results.py's."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import re
-import shutil
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -50,8 +49,9 @@ from pathlib import Path
 from typing import Any
 
 from bench_gpu import SIZES, fits
+from gpu_run_results import compare, row_line, summarise
+from train_process import fresh, kill_group, last_step, start, tail, wait
 
-REPO = Path(__file__).resolve().parents[1]
 ROWS = ("whole", "resume", "ddp", "fsdp", "compile")
 # the seconds a row takes, as (times the whole row's wall time, plus seconds); the whole row's own prior until it ran
 ESTIMATES = {"whole": (1.0, 0.0), "resume": (2.6, 0.0), "ddp": (1.1, 5.0), "fsdp": (1.1, 10.0),
@@ -91,7 +91,7 @@ class Plan:
         return False
 
 
-# --- one train.py run ----------------------------------------------------------------------------------------
+# --- the rows' command ---------------------------------------------------------------------------------------
 def base_overrides(shape: str, cpu: bool, cache: Path, tokenizer: str | None) -> list[str]:
     """The default run's command, with random weights of ``shape`` and the device's precision and accelerator."""
     overrides = [f"++model.random_init_config.{key}={value}" for key, value in SIZES[shape].items()]
@@ -101,143 +101,6 @@ def base_overrides(shape: str, cpu: bool, cache: Path, tokenizer: str | None) ->
     if tokenizer:
         overrides.append(f"model.name_or_path={Path(tokenizer).resolve()}")
     return overrides
-
-
-def start(overrides: list[str], run: Path, log: Path, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(REPO / "train.py"), *overrides, f"hydra.run.dir={run}"], cwd=REPO,
-                            env=env, stdout=log.open("a"), stderr=subprocess.STDOUT,
-                            start_new_session=True)  # its own process group: a kill reaches every rank and worker
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
-def wait(proc: subprocess.Popen, timeout: float) -> int | None:
-    """The exit code, or None after killing the run at ``timeout``."""
-    try:
-        return proc.wait(timeout=max(timeout, 1.0))
-    except subprocess.TimeoutExpired:
-        kill_group(proc)
-        return None
-
-
-def last_step(text: str) -> int:
-    """The last training step a log printed (the throughput callback's ``step N/M``), 0 if none."""
-    steps = re.findall(r"step (\d+)/(\d+)", text)
-    return int(steps[-1][0]) if steps else 0
-
-
-def total_steps(text: str) -> int | None:
-    steps = re.findall(r"step \d+/(\d+)", text)
-    return int(steps[-1]) if steps else None
-
-
-def fresh(work: Path, name: str) -> tuple[Path, Path]:
-    """A run's folder and log, emptied: a folder left with a last.ckpt would resume (``resume=auto``)."""
-    run, log = work / name, work / f"{name}.log"
-    shutil.rmtree(run, ignore_errors=True)
-    log.unlink(missing_ok=True)
-    return run, log
-
-
-def tail(log: Path, lines: int = 25) -> str:
-    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.is_file() else ""
-
-
-# --- what a run says -----------------------------------------------------------------------------------------
-def summarise(run: Path) -> dict[str, Any]:
-    """A finished run's figures from its metrics.json: val before/after, the export checks, the memory plan's estimate
-    beside the measured peak (GiB), the wall time by phase and the training rate."""
-    metrics = json.loads((run / "metrics.json").read_text())
-    memory, exports = metrics.get("memory") or {}, metrics.get("exports") or {}
-    min_cosine = exports.get("min_cosine") or {}
-    return {"val_before": metrics["val_before"].get("val/ndcg@10"), "val": metrics["val"].get("val/ndcg@10"),
-            "recall10": metrics["val"].get("val/recall@10"), "global_step": metrics.get("global_step"),
-            "exports_min_cosine": min(min_cosine.values()) if min_cosine else None, "exports": sorted(min_cosine),
-            "round_trip_max_abs_diff": exports.get("state_dict_round_trip_max_abs_diff"),
-            "cpu_vs_gpu_max_abs_diff": exports.get("cpu_vs_gpu_max_abs_diff"),
-            "estimated_gib": memory.get("estimated_peak"), "measured_gib": memory.get("measured_peak_allocated"),
-            "peak_rss_mb": max((metrics.get("peak_rss_mb") or {}).values(), default=None),
-            "timing": metrics.get("timing") or {}, "samples_per_s": (metrics.get("train") or {}).get(
-                "train/samples_per_s"), "restarts": len(metrics.get("restarts") or [])}
-
-
-def weights(run: Path) -> dict[str, Any]:
-    import torch
-    from safetensors.torch import load_file
-
-    found: dict[str, torch.Tensor] = {}
-    for folder in ("model", "hf"):
-        for path in sorted((run / folder).rglob("*.safetensors")):
-            found.update({f"{path.relative_to(run)}:{key}": value for key, value in load_file(path).items()})
-    return found
-
-
-def compare(run: Path, reference: Path) -> dict[str, Any]:
-    """Whether every exported tensor of ``run`` equals ``reference``'s bit for bit, and the largest difference."""
-    import torch
-
-    ours, theirs = weights(run), weights(reference)
-    if not ours or ours.keys() != theirs.keys():
-        return {"identical": False, "max_abs_diff": None, "tensors": len(ours), "note": "different tensors"}
-    diff = max(float((ours[k].float() - theirs[k].float()).abs().max()) for k in ours)
-    return {"identical": all(torch.equal(ours[k], theirs[k]) for k in ours), "max_abs_diff": diff,
-            "tensors": len(ours)}
-
-
-def memory_text(result: dict[str, Any]) -> str:
-    estimated, measured = result.get("estimated_gib"), result.get("measured_gib")
-    text = f"memory estimated {estimated:.3f} GiB" if estimated is not None else "memory estimate -"
-    if measured is not None:
-        ratio = f", {measured / estimated:.2f}x the estimate" if estimated else ""
-        return f"{text}, max_memory_allocated {measured:.3f} GiB{ratio}"
-    rss = f", peak RSS {result['peak_rss_mb']:,.0f} MB" if result.get("peak_rss_mb") else ""
-    return f"{text} (no CUDA: nothing measured against it){rss}"
-
-
-def row_line(result: dict[str, Any]) -> str:
-    """One row as it ends."""
-    name = result["row"]
-    if "error" in result:
-        return f"{name}: FAILED after {result.get('wall_s', 0):.0f} s: {result['error']}"
-    parts = [f"{name}: ok in {result['wall_s']:.0f} s (training {result['timing'].get('training', 0):.1f} s, "
-             f"{result['samples_per_s'] or 0:.0f} samples/s, {result['global_step']} steps)",
-             f"val/ndcg@10 {result['val_before']:.4f} -> {result['val']:.4f} (recall@10 {result['recall10']:.4f})",
-             f"exports {'+'.join(result['exports'])} min cosine {result['exports_min_cosine']:.7f}, round trip "
-             f"{result['round_trip_max_abs_diff']:.1e}, CPU vs GPU " + (
-                 f"{result['cpu_vs_gpu_max_abs_diff']:.1e}" if result["cpu_vs_gpu_max_abs_diff"] is not None
-                 else "- (no GPU)"), memory_text(result)]
-    if "resume" in result:
-        parts.append(resume_text(result["resume"]))
-    if "vs_whole" in result:
-        vs = result["vs_whole"]
-        diff = "-" if vs["max_abs_diff"] is None else f"{vs['max_abs_diff']:.1e}"
-        parts.append(f"beside whole: val/ndcg@10 {vs['val_delta']:+.4f}, weights "
-                     f"{'identical' if vs['identical'] else f'max abs diff {diff}'}")
-    return "; ".join(parts)
-
-
-def resume_text(resume: dict[str, Any]) -> str:
-    same = resume["vs_reference"]
-    verdict = "IDENTICAL weights" if same["identical"] else "DIFFERENT weights"
-    diff = "-" if same["max_abs_diff"] is None else f"{same['max_abs_diff']:.1e}"
-    text = (f"killed -9 at step {resume['killed_at_step']}/{resume['steps']}, resumed from step "
-            f"{resume['resumed_from_step']}: {verdict} to the uninterrupted run (max abs diff {diff}, "
-            f"{same['tensors']} tensors; trainer.deterministic={resume['deterministic']})")
-    if resume.get("whole_vs_reference"):
-        whole = resume["whole_vs_reference"]
-        whole_diff = "-" if whole["max_abs_diff"] is None else f"{whole['max_abs_diff']:.1e}"
-        text += (f"; the whole row (deterministic=false) against it: "
-                 f"{'identical' if whole['identical'] else f'max abs diff {whole_diff}'}")
-    if resume.get("training_s_deterministic") and resume.get("training_s_whole"):
-        text += (f"; training {resume['training_s_deterministic']:.1f} s deterministic vs "
-                 f"{resume['training_s_whole']:.1f} s not")
-    return text
 
 
 # --- the rows ------------------------------------------------------------------------------------------------

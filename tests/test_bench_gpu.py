@@ -18,6 +18,7 @@ _spec = importlib.util.spec_from_file_location("bench_gpu", REPO / "benchmarks" 
 bench_gpu = importlib.util.module_from_spec(_spec)
 sys.modules["bench_gpu"] = bench_gpu
 _spec.loader.exec_module(bench_gpu)
+import mfu  # noqa: E402 - bench_gpu.py's MFU and decoder FLOPs, imported by it from the path above
 
 
 def test_without_cuda_it_says_so_and_exits_cleanly(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch):
@@ -67,9 +68,9 @@ def test_no_row_starts_past_the_budget_and_the_rest_are_listed(tmp_path: Path, c
 
 
 def test_mfu_uses_the_device_peak():
-    assert bench_gpu.peak_tflops("NVIDIA H200", None) == 989.0
-    assert bench_gpu.peak_tflops("Tesla T4", None) is None and bench_gpu.peak_tflops("Tesla T4", 65.0) == 65.0
-    assert bench_gpu.with_mfu({"gflops": 98_900.0}, 989.0)["mfu"] == pytest.approx(0.1)
+    assert mfu.peak_tflops("NVIDIA H200", None) == 989.0
+    assert mfu.peak_tflops("Tesla T4", None) is None and mfu.peak_tflops("Tesla T4", 65.0) == 65.0
+    assert mfu.with_mfu({"gflops": 98_900.0}, 989.0)["mfu"] == pytest.approx(0.1)
 
 
 @pytest.mark.slow  # four fresh training processes, FSDP's among them: ~35-55 s on 2 CPU cores
@@ -92,17 +93,17 @@ def test_the_decoder_rows_run_on_the_cpu_with_a_tiny_qwen2(tmp_path: Path, capsy
         assert row["estimated_mb"] > 0
     # the same batches whatever the change; the FLOP count leaves the 4,096-row embedding matrix out
     assert len({row["first_batch"] for row in rows}) == 1
-    assert rows[0]["non_embedding_params"] == bench_gpu.decoder_flops("qwen2-tiny", None)[0]
+    assert rows[0]["non_embedding_params"] == mfu.decoder_flops(bench_gpu.DECODERS["qwen2-tiny"])[0]
     assert "| qwen2-tiny | 32 | 4 | fsdp |" in capsys.readouterr().out
 
 
 def test_decoder_flops_count_the_qwen2_shapes_and_lora_skips_frozen_weight_gradients():
-    params, full = bench_gpu.decoder_flops("qwen2-0.5b", None)
+    params, full = mfu.decoder_flops(bench_gpu.DECODERS["qwen2-0.5b"])
     assert params == 357_898_112 and full == 6 * params  # Qwen2-0.5B: 494M with its 151,936 x 896 embedding
-    _, lora = bench_gpu.decoder_flops("qwen2-0.5b", "lora")
+    _, lora = mfu.decoder_flops(bench_gpu.DECODERS["qwen2-0.5b"], bench_gpu.LORA["r"])
     adapters = 24 * 16 * ((896 + 896) + (896 + 128))  # q_proj and v_proj (2 kv heads of 64: 128 outputs) per layer
     assert lora == 4 * params + 6 * adapters
-    assert bench_gpu.decoder_flops("qwen2-1.5b", None)[0] == 1_310_340_608
+    assert mfu.decoder_flops(bench_gpu.DECODERS["qwen2-1.5b"])[0] == 1_310_340_608
 
 
 def test_decoder_rows_are_a_grid_then_changes_on_the_largest_at_the_last_batch():
@@ -122,6 +123,8 @@ _rows_spec = importlib.util.spec_from_file_location("gpu_run_rows", REPO / "benc
 gpu_run_rows = importlib.util.module_from_spec(_rows_spec)
 sys.modules["gpu_run_rows"] = gpu_run_rows
 _rows_spec.loader.exec_module(gpu_run_rows)
+import gpu_run_results  # noqa: E402 - what a run says, and a run's process: the driver's siblings, on the path above
+import train_process  # noqa: E402
 
 
 def test_no_bench_row_starts_that_its_estimate_says_cannot_end_by_the_deadline(tmp_path: Path,
@@ -183,7 +186,7 @@ def test_a_failed_whole_row_keeps_the_prior_and_prints_its_log():
                                  _fake_rows(clock, {"whole": 10.0}, failing={"whole"}), clock=lambda: clock[0])
     assert [r["row"] for r in done] == ["whole"] and plan.whole_s is None
     assert plan.not_run[0]["row"] == "resume" and plan.not_run[0]["expected_s"] == 312.0  # 2.6 x the 120 s prior
-    assert gpu_run_rows.row_line(done[0]) == "whole: FAILED after 10 s: exit code 1"
+    assert gpu_run_results.row_line(done[0]) == "whole: FAILED after 10 s: exit code 1"
 
 
 def test_a_run_is_read_from_its_metrics_json_and_its_log(tmp_path: Path):
@@ -195,18 +198,18 @@ def test_a_run_is_read_from_its_metrics_json_and_its_log(tmp_path: Path):
         "exports": {"verify_texts": 7, "min_cosine": {"sentence_transformers": 0.99999994, "hf": 0.9999999},
                     "state_dict_round_trip_max_abs_diff": 0.0, "cpu_vs_gpu_max_abs_diff": None},
         "timing": {"training": 12.5, "total": 30.0}}))
-    summary = gpu_run_rows.summarise(tmp_path)
+    summary = gpu_run_results.summarise(tmp_path)
     assert summary["exports_min_cosine"] == 0.9999999 and summary["exports"] == ["hf", "sentence_transformers"]
     assert summary["peak_rss_mb"] == 809.5 and summary["measured_gib"] is None and summary["estimated_gib"] == 2.0
-    line = gpu_run_rows.row_line({"row": "whole", "wall_s": 33.0, **summary})
+    line = gpu_run_results.row_line({"row": "whole", "wall_s": 33.0, **summary})
     assert line.startswith("whole: ok in 33 s (training 12.5 s, 132 samples/s, 78 steps); val/ndcg@10 0.0225 -> "
                            "0.4612 (recall@10 0.6579); exports hf+sentence_transformers min cosine 0.9999999")
     assert "CPU vs GPU - (no GPU); memory estimated 2.000 GiB (no CUDA" in line
-    on_gpu = gpu_run_rows.memory_text({"estimated_gib": 2.0, "measured_gib": 1.5})
+    on_gpu = gpu_run_results.memory_text({"estimated_gib": 2.0, "measured_gib": 1.5})
     assert on_gpu == "memory estimated 2.000 GiB, max_memory_allocated 1.500 GiB, 0.75x the estimate"
     log = "step 4/10 | loss 3.1 | 40.0 samples/s\nEpoch 0 ...\nstep 7/10 | loss 3.0 | 41.0 samples/s\n"
-    assert gpu_run_rows.last_step(log) == 7 and gpu_run_rows.total_steps(log) == 10
-    assert gpu_run_rows.last_step("Validation 15/15") == 0
+    assert train_process.last_step(log) == 7 and train_process.total_steps(log) == 10
+    assert train_process.last_step("Validation 15/15") == 0
 
 
 def test_weights_compare_bit_for_bit_across_both_exports(tmp_path: Path):
@@ -218,12 +221,12 @@ def test_weights_compare_bit_for_bit_across_both_exports(tmp_path: Path):
         for folder in ("model", "hf"):
             (tmp_path / name / folder).mkdir(parents=True)
             save_file({**tensors, "b": tensors["b"] + change}, str(tmp_path / name / folder / "model.safetensors"))
-    same = gpu_run_rows.compare(tmp_path / "same", tmp_path / "ref")
+    same = gpu_run_results.compare(tmp_path / "same", tmp_path / "ref")
     assert same == {"identical": True, "max_abs_diff": 0.0, "tensors": 4}
-    moved = gpu_run_rows.compare(tmp_path / "moved", tmp_path / "ref")
+    moved = gpu_run_results.compare(tmp_path / "moved", tmp_path / "ref")
     assert not moved["identical"] and moved["max_abs_diff"] == pytest.approx(1e-3, rel=1e-3)
     (tmp_path / "ref" / "hf" / "model.safetensors").unlink()
-    assert gpu_run_rows.compare(tmp_path / "same", tmp_path / "ref")["note"] == "different tensors"
+    assert gpu_run_results.compare(tmp_path / "same", tmp_path / "ref")["note"] == "different tensors"
 
 
 @pytest.mark.parametrize("cpu", [True, False])
