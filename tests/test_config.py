@@ -347,6 +347,9 @@ def _option_keys(group: str, option: str) -> set[str]:
     (["task=rerank", "loss=pointwise_bce", "loss.pos_weight=0"], "loss.pos_weight=0.0: expected a number > 0"),
     (["data.batch_size=1"], "data.batch_size=1: expected an integer >= 2"),
     (["resume=sometimes"], "resume='sometimes': valid choices: auto, never, force"),
+    (["export.min_cosine=2"], "export.min_cosine=2.0: expected a number >= -1 and <= 1"),
+    (["export.hf=yes"], "export.hf='yes': valid choices: true, false"),
+    (["export.round_trip_max_abs_diff=-1"], "export.round_trip_max_abs_diff=-1.0: expected a number >= 0"),
 ])
 def test_a_key_is_checked_once_by_its_schemas_rule(make_cfg, overrides, problem):
     """The constructors behind the targets no longer check these: the config check is the one place, and it names

@@ -39,7 +39,7 @@ from gte_pro.errors import ConfigError
 
 _ABSENT = object()
 REQUIRED_GROUPS = ("model", "data", "loss", "optimizer", "trainer")
-CHECKED_GROUPS = ("", "trainer", "data", "model", "loss", "eval", "mine", "score", "merge", "sweep")
+CHECKED_GROUPS = ("", "trainer", "data", "model", "loss", "eval", "mine", "score", "merge", "sweep", "export")
 _HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
 
 

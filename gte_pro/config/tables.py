@@ -80,7 +80,7 @@ def option_tables() -> str:
             base = next((b for b in schema.__mro__[1:] if b in SCHEMAS[group].values()), None)
             lines += [*_table(schema, f"{group}.", base), ""]
             first = first or option
-    for group in ("eval", "mine", "score", "merge", "sweep"):
+    for group in ("eval", "mine", "score", "merge", "sweep", "export"):
         schema = SCHEMAS[group]["default"]
         lines += _section(f"{group}/", f"`{schema.__name__}`.", [_table(schema, f"{group}.")])
     lines.append(END)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from gte_pro.evaluation.report import metrics_table
 from gte_pro.export.verify import VERIFY_TEXTS, ExportMismatchError, cpu_vs_device
@@ -125,22 +125,22 @@ def release_reranker(model: CrossEncoder, output_dir: Path, cfg: DictConfig, sum
                      fresh: Callable[[], CrossEncoder]) -> dict[str, Any]:
     """Rank 0, after ``<run>/model`` is written: verify it, write and verify ``<run>/hf``, the round trip, the
     CPU-vs-GPU check where there is a GPU, and metrics.md."""
-    options = cfg.get("export") or OmegaConf.create({})
-    tolerance = float(options.get("score_max_abs_diff", 1e-4))
+    options = cfg.export  # every key filled by ExportSchema (gte_pro/config/schema/export.py)
+    tolerance = float(options.score_max_abs_diff)
     queries, docs = verify_pairs()
     reference = model.score(queries, docs)
     scorer = st_scorer if _has_sentence_transformers() else (lambda f: hf_scorer(f, model.max_length))
     diffs = {"cross_encoder": verify_scores("CrossEncoder", reference, scorer(output_dir / "model"), queries, docs,
                                             tolerance)}
-    if options.get("hf"):
+    if options.hf:
         hf_dir = export_cross_encoder_hf(model, output_dir / "hf")
         diffs["hf"] = verify_scores("Hugging Face", reference, hf_scorer(hf_dir, model.max_length), queries, docs,
                                     tolerance)
     report: dict[str, Any] = {"verify_pairs": len(queries), "max_abs_score_diff": diffs}
     report["state_dict_round_trip_max_abs_diff"] = state_dict_round_trip(
-        model, fresh(), queries, docs, float(options.get("round_trip_max_abs_diff", 1e-6)))
+        model, fresh(), queries, docs, float(options.round_trip_max_abs_diff))
     report["cpu_vs_gpu_max_abs_diff"] = cpu_vs_device(model, list(VERIFY_TEXTS),
-                                                      float(options.get("gpu_max_abs_diff", 1e-4)),
+                                                      float(options.gpu_max_abs_diff),
                                                       outputs=lambda copy: copy.score(queries, docs))
     table = metrics_table(summary.get("val"), summary.get("val_before"))
     write_text_atomic(output_dir / "metrics.md", f"# Reranking metrics after training\n\n{table}")

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from gte_pro.errors import MissingDependencyError
 from gte_pro.evaluation.report import metrics_table
@@ -44,15 +44,15 @@ def export_and_verify(encoder: Encoder, output_dir: Path, options: Any,
     """Verify ``<run>/model`` (already written) and write + verify the optional exports: worst cosine of each."""
     texts = list(texts)
     reference = encoder.encode(texts)
-    min_cosine = float(options.get("min_cosine", 0.9999))
+    min_cosine = float(options.min_cosine)
     model_dir = output_dir / "model"
     cosines = {"sentence_transformers": verify_export(
         "sentence-transformers", reference, st_or_own_embedder(model_dir, encoder.max_length), texts, min_cosine)}
-    if options.get("hf"):
+    if options.hf:
         hf_dir = export_hf(encoder, output_dir / "hf")
         cosines["hf"] = verify_export("Hugging Face", reference, hf_embedder(hf_dir), texts, min_cosine)
-    if options.get("onnx"):
-        onnx_path = export_onnx(encoder, output_dir / "model.onnx", opset=int(options.get("onnx_opset", 17)))
+    if options.onnx:
+        onnx_path = export_onnx(encoder, output_dir / "model.onnx", opset=int(options.onnx_opset))
         cosines["onnx"] = verify_export("ONNX", reference, onnx_embedder(onnx_path, model_dir), texts, min_cosine)
     return cosines
 
@@ -63,18 +63,18 @@ def release(encoder: Encoder, output_dir: Path, cfg: DictConfig, summary: dict[s
 
     ``fresh`` builds a new encoder from the config (the state-dict round trip loads into it).
     """
-    options = cfg.get("export") or OmegaConf.create({})
+    options = cfg.export  # every key filled by ExportSchema (gte_pro/config/schema/export.py)
     texts = list(VERIFY_TEXTS)
     report: dict[str, Any] = {"verify_texts": len(texts), "min_cosine": export_and_verify(encoder, output_dir,
                                                                                             options, texts)}
     report["state_dict_round_trip_max_abs_diff"] = state_dict_round_trip(
-        encoder, fresh(), texts, float(options.get("round_trip_max_abs_diff", 1e-6)))
-    report["cpu_vs_gpu_max_abs_diff"] = cpu_vs_device(encoder, texts, float(options.get("gpu_max_abs_diff", 1e-4)))
+        encoder, fresh(), texts, float(options.round_trip_max_abs_diff))
+    report["cpu_vs_gpu_max_abs_diff"] = cpu_vs_device(encoder, texts, float(options.gpu_max_abs_diff))
     if encoder.lora:  # the merged weights are model/ and hf/; the adapter alone for peft users
         report["adapter"] = str(export_adapter(encoder, output_dir / "adapter"))
     table = metrics_table(summary.get("val"), summary.get("val_before"))
     write_text_atomic(output_dir / "metrics.md", f"# Retrieval metrics after training\n\n{table}")
-    if options.get("model_card", True):
+    if options.model_card:
         sections = card_sections(cfg, summary)
         write_model_card(output_dir / "model", encoder, base_model=sections["base_model"], data=sections["data"],
                          loss=sections["loss"], hyperparameters=sections["hyperparameters"], metrics_md=table)

@@ -1,5 +1,5 @@
 """The types and defaults of the config groups whose keys are ours: data, model, loss, eval, mine, score, merge,
-sweep.
+sweep, export.
 
 Each schema is the one place that states a key's type, default, meaning and rule (``setting`` in ``types``: the
 dataclass field's metadata holds the one-line meaning and the ``gte_pro.config.rules.Rule``). Each dataclass is a
@@ -25,6 +25,7 @@ from hydra.core.config_store import ConfigStore
 
 from gte_pro.config.schema.data import BeirData, DemoData, HfData, JsonlData, MixData
 from gte_pro.config.schema.evaluation import EvalSchema
+from gte_pro.config.schema.export import ExportSchema
 from gte_pro.config.schema.loss import (
     DistillKLSchema,
     GTESchema,
@@ -50,17 +51,19 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "score": {"default": ScoreSchema},
     "merge": {"default": MergeSchema},
     "sweep": {"default": SweepSchema},
+    "export": {"default": ExportSchema},
 }
 
 
 # the groups with one schema whatever the option (no _target_ picks it); "" is the top level
 FIXED_SCHEMAS: dict[str, type] = {"": RunSchema, "trainer": TrainerSchema, "eval": EvalSchema, "mine": MineSchema,
-                                  "score": ScoreSchema, "merge": MergeSchema, "sweep": SweepSchema}
+                                  "score": ScoreSchema, "merge": MergeSchema, "sweep": SweepSchema,
+                                  "export": ExportSchema}
 
 
 def schema_for(group: str, target: object) -> type | None:
     """The schema of ``group`` whose ``_target_`` is ``target`` (the fixed one for eval, mine, score, merge, sweep,
-    trainer and the top level); None for a class of the user's own."""
+    export, trainer and the top level); None for a class of the user's own."""
     if group in FIXED_SCHEMAS:
         return FIXED_SCHEMAS[group]
     target = OLD_TARGETS.get(target, target) if isinstance(target, str) else target
