@@ -6,6 +6,7 @@ command, once there is space again, ends bit-identical to an uninterrupted run.
     python scripts/disk_full.py --mode inject --kinds checkpoint-last,csv-logger --quick
     python scripts/disk_full.py --mode inject --task mine   # mode=mine: its corpus store, mined file and report
     python scripts/disk_full.py --mode inject --task score  # mode=score of a mined file: shards, scored file
+    python scripts/disk_full.py --mode inject --task rerank # task=rerank: a cross-encoder's checkpoints and exports
 
 ``inject``: a ``--child`` wrapper runs train.py with a Python audit hook that fails the ``nth`` opening for writing
 of a path of one kind (the run's log, lock and records, the token cache, the CSV logger, the best and the last
@@ -45,11 +46,14 @@ import fault_injection  # noqa: E402
 
 # task -> its command's overrides: the issue's (two epochs of the tiny model, a validation at each epoch's end,
 # exports on), mode=mine on the same data (a corpus store, the mined file, its report and plot), and mode=score of
-# that mined file by the packaged MiniLM as the teacher ({mined}: made once per work folder, see score_input)
+# that mined file by the packaged MiniLM as the teacher ({mined}: made once per work folder, see score_input), and
+# a reranker (task=rerank) trained on the demo data with the packaged MiniLM retrieving its validation candidates
 TASKS = {"train": ["debug=fast", "seed=3", "trainer.max_epochs=2", "callbacks.progress_bar=null"],
          "mine": ["mode=mine", "debug=fast", "seed=3"],
          "score": ["mode=score", "debug=fast", "data=jsonl", "data.train_file={mined}", "score.teacher={minilm}",
-                   "score.teacher_kind=embedder"]}
+                   "score.teacher_kind=embedder"],
+         "rerank": ["task=rerank", "debug=fast", "seed=3", "model=reranker_tiny", "eval.retriever={minilm}",
+                    "eval.rerank_depth=20", "data.num_negatives=3", "callbacks.progress_bar=null"]}
 # kind -> the paths it writes (a regex over the path; a temporary sibling keeps its target's name in it)
 KINDS = {
     "train.log": r"/train\.log$",
@@ -123,11 +127,13 @@ def score_input(work: Path) -> Path:
 
 def overrides(task: str, run: Path) -> list[str]:
     """``task``'s command for a run folder (score: the mined file made beside the run folders)."""
-    if task != "score":
+    if task not in ("score", "rerank"):
         return TASKS[task]
     from gte_pro import packaged_minilm_path
 
-    values = {"mined": score_input(INPUTS[-1] if INPUTS else run.parent), "minilm": packaged_minilm_path()}
+    values = {"minilm": packaged_minilm_path()}
+    if task == "score":
+        values["mined"] = score_input(INPUTS[-1] if INPUTS else run.parent)
     return [override.format(**values) for override in TASKS[task]]
 
 

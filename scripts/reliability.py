@@ -17,11 +17,11 @@ The cases:
   once naming the holder, and the finished run equals a run that was alone.
 - ``cache-*``: two processes building one token cache, corpus store or tokenizer at once, and damaged caches
   (scripts/cache_faults.py, when present).
-- ``disk-full-inject``: a full disk (ENOSPC) at the first and the last write of each kind a training run and a
-  ``mode=mine`` run make (log, lock, records, caches, CSV logger, best and last checkpoints, exports, metrics,
-  curves; the mined file and its report): each ends in the two-line error with exit code 2, and the same command
-  afterwards ends bit-identical to an uninterrupted run (scripts/disk_full.py; quick: one kind per mode drawn by the
-  seed, first writes only).
+- ``disk-full-inject``: a full disk (ENOSPC) at the first and the last write of each kind that a training run,
+  ``mode=mine``, ``mode=score`` and ``task=rerank`` make (log, lock, records, caches, CSV logger, best and last
+  checkpoints, exports, metrics, curves; the mined file, the score shards and the scored file, their reports): each
+  ends in the two-line error with exit code 2, and the same command afterwards ends bit-identical to an
+  uninterrupted run (scripts/disk_full.py; quick: one kind per mode drawn by the seed, first writes only).
 - ``disk-full-tmpfs``: the same on a real tmpfs filled to levels from nothing free to the run's whole size (the
   disk fills inside whatever write comes then). Needs root (to mount); without it it is left out of a selection.
 
@@ -109,7 +109,7 @@ def run_lock_case(work: Path, seed: int, quick: bool) -> dict[str, Any]:
 
 def disk_full_inject_case(work: Path, seed: int, quick: bool) -> dict[str, Any]:
     results = []
-    for task in disk_full.TASKS:  # train and mine; quick: one kind of write each, drawn by the seed
+    for task in disk_full.TASKS:  # train, mine, score, rerank; quick: one kind of write each, drawn by the seed
         folder = work / task
         folder.mkdir()
         reference = disk_full.reference_run(folder, task)
