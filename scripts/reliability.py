@@ -23,7 +23,8 @@ The cases:
   ends in the two-line error with exit code 2, and the same command afterwards ends bit-identical to an
   uninterrupted run (scripts/disk_full.py; quick: one kind per mode drawn by the seed, first writes only).
 - ``disk-full-tmpfs``: the same on a real tmpfs filled to levels from nothing free to the run's whole size (the
-  disk fills inside whatever write comes then). Needs root (to mount); without it it is left out of a selection.
+  disk fills inside whatever write comes then). Needs root and a machine that lets it mount a tmpfs; without them
+  it is left out of a selection.
 
 Each case prints one line (ok or FAILED, seconds, what it checked); the exit code is 1 when any failed.
 """
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -147,20 +147,20 @@ def cache_cases() -> dict[str, Case]:
 
 
 def all_cases() -> dict[str, tuple[Case, str | None]]:
-    """name -> (the case, what it needs that a machine may lack: "SLURM", "root" or None)."""
+    """name -> (the case, what it needs that a machine may lack: "SLURM", "a tmpfs" (root, mount allowed) or None)."""
     cases: dict[str, tuple[Case, str | None]] = {f"faults-{v}": (faults_case(v), None)
                                                  for v in fault_injection.VARIANTS}
     cases["storm"] = (storm_case, "SLURM")
     cases["run-lock"] = (run_lock_case, None)
     cases.update({name: (case, None) for name, case in cache_cases().items()})
     cases["disk-full-inject"] = (disk_full_inject_case, None)
-    cases["disk-full-tmpfs"] = (disk_full_tmpfs_case, "root")
+    cases["disk-full-tmpfs"] = (disk_full_tmpfs_case, "a tmpfs")
     return cases
 
 
 def available() -> set[str]:
     """What this machine has of what some cases need."""
-    return {need for need, present in (("SLURM", slurm_up()), ("root", os.geteuid() == 0)) if present}
+    return {need for need, present in (("SLURM", slurm_up()), ("a tmpfs", disk_full.can_mount())) if present}
 
 
 def choose(cases: dict[str, tuple[Case, str | None]], names: str, select: int | None, seed: int,
