@@ -7,6 +7,7 @@ command, once there is space again, ends bit-identical to an uninterrupted run.
     python scripts/disk_full.py --mode inject --task mine   # mode=mine: its corpus store, mined file and report
     python scripts/disk_full.py --mode inject --task score  # mode=score of a mined file: shards, scored file
     python scripts/disk_full.py --mode inject --task rerank # task=rerank: a cross-encoder's checkpoints and exports
+    python scripts/disk_full.py --mode inject --task mine --fault kill   # kill -9 (or sigterm) at each write instead
 
 ``inject``: a ``--child`` wrapper runs train.py with a Python audit hook that fails the ``nth`` opening for writing
 of a path of one kind (the run's log, lock and records, the token cache, the CSV logger, the best and the last
@@ -31,6 +32,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -74,6 +76,10 @@ KINDS = {
     "scored-file": r"/scored\.jsonl|/score_report",
 }
 COUNTS = "GTE_PRO_DISK_FULL_COUNTS"  # the child writes how many writes of each kind it saw here (the reference)
+# the fault at the chosen write, and the exit code it must end with: a full disk (the two-line error), kill -9 (the
+# process dies there), SIGTERM (the run stops, exit 143); the child reads it from FAULT
+FAULTS = {"enospc": 2, "kill": -9, "sigterm": 143}
+FAULT = "GTE_PRO_WRITE_FAULT"
 
 
 # --- the child: train.py with one kind of write failing --------------------------------------------------------
@@ -84,7 +90,8 @@ def _writes(mode: Any, flags: Any) -> bool:
 
 
 def child(kind: str, nth: int, overrides: list[str]) -> None:
-    """Run train.py; the ``nth`` write of ``kind`` fails with ENOSPC (``kind`` "none": count every kind's writes)."""
+    """Run train.py; the ``nth`` write of ``kind`` meets the fault named in $GTE_PRO_WRITE_FAULT (default ENOSPC;
+    ``kind`` "none": count every kind's writes)."""
     counts = dict.fromkeys(KINDS, 0)
     patterns = {name: re.compile(pattern) for name, pattern in KINDS.items()}
 
@@ -98,6 +105,12 @@ def child(kind: str, nth: int, overrides: list[str]) -> None:
             if pattern.search(path):
                 counts[name] += 1
                 if name == kind and counts[name] == nth:
+                    fault = os.environ.get(FAULT, "enospc")
+                    if fault == "kill":
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    if fault == "sigterm":
+                        os.kill(os.getpid(), signal.SIGTERM)  # the run's handler stops it inside this write
+                        return
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
 
     sys.addaudithook(hook)
@@ -170,7 +183,7 @@ def same_run(run: Path, reference: Path) -> dict[str, bool]:
 
 
 def _case(name: str, run: Path, cache: Path, reference: Path, fail: Any, make_room: Any = None,
-          task: str = "train") -> dict[str, Any]:
+          task: str = "train", fault: str = "enospc") -> dict[str, Any]:
     """One fault: ``fail(run, cache, log)`` -> exit code; then ``make_room()`` and the same command again. The logs
     go beside the reference (not onto the full disk)."""
     started = time.monotonic()
@@ -183,8 +196,9 @@ def _case(name: str, run: Path, cache: Path, reference: Path, fail: Any, make_ro
     rerun = _run(run, cache, logs / f"{run.name}.rerun.log", task=task)
     same = same_run(run, reference) if rerun == 0 else {"weights": False, "exported": False, "metrics": False}
     # a run that fitted on the disk (exit 0) is fine too, if it equals the reference
-    ok = ((code == 2 and error.startswith("error: ") and not traceback) or code == 0) and rerun == 0 and all(
-        same.values())
+    expected = {"enospc": code == 2 and error.startswith("error: "), "kill": code == -9,
+                "sigterm": code == 143 and "stopped by SIGTERM" in (logs / f"{run.name}.log").read_text()}[fault]
+    ok = (expected and not traceback or code == 0) and rerun == 0 and all(same.values())
     return {"case": name, "ok": ok, "exit": code, "error": error, "traceback": traceback, "rerun_exit": rerun,
             **same, "seconds": round(time.monotonic() - started, 1)}
 
@@ -200,7 +214,7 @@ def reference_run(work: Path, task: str = "train") -> tuple[Path, dict[str, int]
 
 
 def inject(work: Path, kinds: list[str] | None, quick: bool, reference: tuple[Path, dict[str, int]] | None = None,
-           task: str = "train") -> list[dict[str, Any]]:
+           task: str = "train", fault: str = "enospc") -> list[dict[str, Any]]:
     """ENOSPC at the first (and, unless ``quick``, the last) write of each kind (None: every kind the task's run
     writes); ``reference``: an uninterrupted run already made (its folder and write counts)."""
     reference_folder, counts = reference or reference_run(work, task)
@@ -210,10 +224,12 @@ def inject(work: Path, kinds: list[str] | None, quick: bool, reference: tuple[Pa
             results.append({"case": kind, "ok": False, "error": "the uninterrupted run made no such write"})
             continue
         for nth in sorted({1} if quick else {1, counts[kind]}):
-            name = f"{'' if task == 'train' else f'{task}: '}{kind} #{nth}/{counts[kind]}"
+            name = (f"{'' if task == 'train' else f'{task}: '}{'' if fault == 'enospc' else f'{fault} at '}{kind} "
+                    f"#{nth}/{counts[kind]}")
             run = work / re.sub(r"\W+", "-", name).strip("-")
             result = _case(name, run, work / f"{run.name}-cache", reference_folder,
-                           lambda r, c, log, k=kind, n=nth: _run(r, c, log, k, n, task=task), task=task)
+                           lambda r, c, log, k=kind, n=nth: _run(r, c, log, k, n, env={FAULT: fault}, task=task),
+                           task=task, fault=fault)
             results.append(_report(result))
     return results
 
@@ -298,6 +314,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=("inject", "tmpfs"), default="inject")
     parser.add_argument("--task", choices=list(TASKS), default="train", help="the command whose disk fills")
+    parser.add_argument("--fault", choices=list(FAULTS), default="enospc",
+                        help="inject: what the chosen write meets (a full disk, kill -9, SIGTERM)")
     parser.add_argument("--kinds", default=None, help=f"inject: comma-separated, of {', '.join(KINDS)} (default: "
                                                       "every kind the task's run writes)")
     parser.add_argument("--levels", type=int, default=10, help="tmpfs: free-space levels up to the run's size")
@@ -311,7 +329,7 @@ def main() -> None:
         unknown = sorted(set(kinds or []) - set(KINDS))
         if unknown:
             raise SystemExit(f"unknown kind(s) {', '.join(unknown)}; the kinds: {', '.join(KINDS)}")
-        results = inject(work, kinds, args.quick, task=args.task)
+        results = inject(work, kinds, args.quick, task=args.task, fault=args.fault)
     else:
         results = tmpfs(work, args.levels, args.quick, args.task)
     failed = [r["case"] for r in results if not r["ok"]]

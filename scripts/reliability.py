@@ -22,6 +22,9 @@ The cases:
   checkpoints, exports, metrics, curves; the mined file, the score shards and the scored file, their reports): each
   ends in the two-line error with exit code 2, and the same command afterwards ends bit-identical to an
   uninterrupted run (scripts/disk_full.py; quick: one kind per mode drawn by the seed, first writes only).
+- ``write-faults``: kill -9 and SIGTERM at the first and the last write of each kind of each mode (train, mine,
+  score, rerank; scripts/disk_full.py --fault): the killed run restarts, the stopped one exits 143, and the same
+  command ends bit-identical to an uninterrupted run (quick: one mode and one kind per fault, drawn by the seed).
 - ``disk-full-tmpfs``: the same on a real tmpfs filled to levels from nothing free to the run's whole size (the
   disk fills inside whatever write comes then). Needs root and a machine that lets it mount a tmpfs; without them
   it is left out of a selection.
@@ -119,6 +122,23 @@ def disk_full_inject_case(work: Path, seed: int, quick: bool) -> dict[str, Any]:
     return _disk_full_outcome(results)
 
 
+def write_faults_case(work: Path, seed: int, quick: bool) -> dict[str, Any]:
+    """kill -9 and SIGTERM at each kind of write of each mode (quick: one mode and one kind per fault, drawn)."""
+    rng, results = random.Random(seed), []
+    for fault in ("kill", "sigterm"):
+        for task in [rng.choice(list(disk_full.TASKS))] if quick else list(disk_full.TASKS):
+            folder = work / f"{fault}-{task}"
+            folder.mkdir()
+            reference = disk_full.reference_run(folder, task)
+            written = [kind for kind, count in reference[1].items() if count]
+            kinds = [rng.choice(written)] if quick else written
+            results += disk_full.inject(folder, kinds, quick, reference, task, fault)
+    failed = [r["case"] for r in results if not r["ok"]]
+    return {"ok": not failed, "detail": f"{len(results)} faults at writes ({', '.join(r['case'] for r in results)}): "
+                                        f"{len(results) - len(failed)} stopped as expected and resumed bit-identical"
+                                        + (f"; FAILED: {', '.join(failed)}" if failed else ""), "results": results}
+
+
 def disk_full_tmpfs_case(work: Path, seed: int, quick: bool) -> dict[str, Any]:
     return _disk_full_outcome(disk_full.tmpfs(work, levels=10, quick=quick))
 
@@ -155,6 +175,7 @@ def all_cases() -> dict[str, tuple[Case, str | None]]:
     cases.update({name: (case, None) for name, case in cache_cases().items()})
     cases["disk-full-inject"] = (disk_full_inject_case, None)
     cases["disk-full-tmpfs"] = (disk_full_tmpfs_case, "a tmpfs")
+    cases["write-faults"] = (write_faults_case, None)
     return cases
 
 
