@@ -41,10 +41,10 @@ def train(cfg: DictConfig) -> float | None:
     a model soup); return ``cfg.optimized_metric`` (None for mine and score)."""
     quiet_third_party()  # the log keeps what a user can act on (gte_pro.utils.quiet)
     check_config(cfg)  # a wrong type, range or mode fails here, naming the key, not as a TypeError deep inside
-    mode = cfg.get("mode", "train")
+    mode = cfg.mode
     run_dir = Path(cfg.paths.output_dir)
     holder = takes_the_lock()  # before job_scope exports the ranks of a submitit_local job
-    with stop_on_signals(), run_folder_lock(run_dir), job_scope(cfg.devices, cfg.get("nodes", 1)):
+    with stop_on_signals(), run_folder_lock(run_dir), job_scope(cfg.devices, cfg.nodes):
         if holder:
             (run_dir / INTERRUPTED_FILE).unlink(missing_ok=True)  # started again: no longer interrupted
         try:

@@ -8,6 +8,7 @@ These read signatures and files: no model is built.
 
 from __future__ import annotations
 
+import ast
 import inspect
 from dataclasses import MISSING, fields
 from pathlib import Path
@@ -116,3 +117,62 @@ def test_the_manuals_option_tables_are_the_schemas():
     from gte_pro.config.tables import main
 
     assert main(["--check"]) == 0, "docs/configuration.md drifted from the schemas: python -m gte_pro.config.tables"
+
+
+# reads of a checkpoint's saved config parts, from before the key existed: the default there must be the schema's
+# (the floor of gte_pro.training is below the schemas', so it cannot read them)
+OLD_CHECKPOINT_READS = {("gte_pro/training/module.py", "telemetry_every_n_steps"): "eval",
+                        ("gte_pro/training/rerank_module.py", "rerank_depth"): "eval"}
+NOT_CONFIG_READS = {("gte_pro/export/card.py", "num_negatives")}  # the run's summary (what the data carried)
+
+
+def _schema_defaults() -> dict[str, dict[str, object]]:
+    """key -> {schema name: its default} over every schema (groups and the top level)."""
+    found: dict[str, dict[str, object]] = {}
+    for schema in [*[s for options in SCHEMAS.values() for s in options.values()], RunSchema, TrainerSchema]:
+        for item in fields(schema):
+            default = item.default if item.default is not MISSING else item.default_factory()
+            found.setdefault(item.name, {})[schema.__name__] = default
+    return found
+
+
+def _fallback_reads() -> list[tuple[str, int, str, str]]:
+    """(file, line, key, the call) of each ``x.get("<a schema key or group>", <fallback>)`` and
+    ``OmegaConf.select(cfg, "<key>", default=<not None>)`` in gte_pro outside gte_pro/config/."""
+    keys = set(_schema_defaults()) | set(SCHEMAS) | {"trainer", "strategy", "paths", "callbacks", "logger"}
+    found = []
+    for path in sorted((ROOT / "gte_pro").rglob("*.py")):
+        name = str(path.relative_to(ROOT))
+        if name.startswith("gte_pro/config/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            if node.func.attr == "get" and len(node.args) == 2 and isinstance(node.args[0], ast.Constant):
+                key = node.args[0].value
+                if key in keys:
+                    found.append((name, node.lineno, key, ast.unparse(node)))
+            elif node.func.attr == "select" and len(node.args) == 2 and isinstance(node.args[1], ast.Constant):
+                default = next((k.value for k in node.keywords if k.arg == "default"), None)
+                if default is not None and not (isinstance(default, ast.Constant) and default.value is None):
+                    found.append((name, node.lineno, str(node.args[1].value).rsplit(".", 1)[-1], ast.unparse(node)))
+    return found
+
+
+def test_no_read_of_the_config_restates_a_default():
+    """A config read with a fallback (``cfg.get("resume", "auto")``) states the key's default a second time, where
+    nothing holds it equal to the schema's: a composed config has every key, so the code reads it as it is."""
+    restated = [f"{name}:{line}: {call}" for name, line, key, call in _fallback_reads()
+                if (name, key) not in OLD_CHECKPOINT_READS and (name, key) not in NOT_CONFIG_READS]
+    assert not restated, "config reads with a fallback default (read the key itself):\n" + "\n".join(restated)
+
+
+def test_an_old_checkpoints_fallback_is_the_schemas_default():
+    defaults = _schema_defaults()
+    reads = {(name, key): call for name, _, key, call in _fallback_reads()}
+    for (name, key), schema_group in OLD_CHECKPOINT_READS.items():
+        assert (name, key) in reads, f"{name} no longer reads {key} with a fallback: drop it from OLD_CHECKPOINT_READS"
+        fallback = ast.literal_eval(ast.parse(reads[name, key]).body[0].value.args[1])
+        schema = SCHEMAS[schema_group]["default"].__name__
+        assert fallback == defaults[key][schema], f"{name}: {key} falls back to {fallback!r}, {schema} says " \
+                                                  f"{defaults[key][schema]!r}"

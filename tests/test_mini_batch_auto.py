@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from gte_pro.config.checks import check_config
+from gte_pro.config.resolve import uses_cuda
 from gte_pro.errors import ConfigError
 from gte_pro.modes.prepare import prepare
 from gte_pro.preflight.auto_mini_batch import RECORD, choose, largest_fitting
-from gte_pro.preflight.memory_budget import MemoryBudgetError, judged, uses_cuda, with_mini_batch
+from gte_pro.preflight.memory_budget import MemoryBudgetError, judged, with_mini_batch
 from gte_pro.preflight.memory_estimate import GIB, meta_backbone, shape_of
 from gte_pro.preflight.per_device import setup_of
 

@@ -28,9 +28,9 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("data", "models"),  # rows -> batches and stores; the encoder and what shapes it
     ("scoring",),  # a file scored by a teacher, and the teacher judged on its scores (rescoring uses the judge)
     ("evaluation", "mining"),  # metrics and evaluation sets; hard negatives
-    # inside trainer.fit; exports of a trained encoder; checking a config; the checks and choices before the weights
-    # load (memory plan, mini-batch, the batches' lengths)
-    ("training", "export", "config", "preflight"),
+    # inside trainer.fit; exports of a trained encoder; checking a config and resolving it on this machine
+    ("training", "export", "config"),
+    ("preflight",),  # the checks and choices before the weights load (memory plan, mini-batch, the batches' lengths)
     ("modes",),  # what a run does (build, fit, evaluate, mine, score)
     ("train", ""),  # the entry train(cfg); the package's config resolvers (lazy imports when Hydra resolves)
 )

@@ -77,7 +77,7 @@ def load_eval_sets(cfg: Any, tokenizer: PreTrainedTokenizerBase, doc_prefix: str
     length = int(eval_cfg.get("max_length") or max_length or tokenizer.model_max_length)
     cache_dir = cache_root(OmegaConf.select(cfg, "paths.cache_dir", default=None))
     return [(name, load_beir_stored(path, split, name, tokenizer, length, doc_prefix, cache_dir))
-            for path, split, name in eval_set_specs(eval_cfg.beir, eval_cfg.get("split", "test"))]
+            for path, split, name in eval_set_specs(eval_cfg.beir, eval_cfg.split)]
 
 
 class BeirEvalSets:
@@ -86,9 +86,9 @@ class BeirEvalSets:
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
-        self.batch_size = cfg.eval.get("batch_size")
-        self.max_length = cfg.eval.get("max_length")
-        self.specs = eval_set_specs(cfg.eval.beir, cfg.eval.get("split", "test"))
+        self.batch_size = cfg.eval.batch_size
+        self.max_length = cfg.eval.max_length
+        self.specs = eval_set_specs(cfg.eval.beir, cfg.eval.split)
 
     def load(self, tokenizer: PreTrainedTokenizerBase, doc_prefix: str, max_length: int) -> list[tuple[str, BeirSet]]:
         return load_eval_sets(self.cfg, tokenizer, doc_prefix, max_length)

@@ -49,7 +49,7 @@ TASKS: dict[str, tuple[type, type[TrainingModule]]] = {"embed": (Encoder, Contra
 
 
 def task_of(cfg: DictConfig) -> str:
-    task = cfg.get("task", "embed")
+    task = cfg.task
     if task not in TASKS:
         raise ConfigError(f"task={task!r} is not valid; valid choices: {', '.join(TASKS)}")
     return task
@@ -64,7 +64,7 @@ def build_encoder(cfg: DictConfig) -> Any:
 def seed_and_precision(cfg: DictConfig) -> None:
     """Every run starts here: the seeded RNGs (data order, dropout, heads) and the fp32 matmul precision."""
     seed_everything(cfg.seed, workers=True, verbose=False)
-    torch.set_float32_matmul_precision(cfg.get("matmul_precision", "high"))
+    torch.set_float32_matmul_precision(cfg.matmul_precision)
 
 
 def start_run(cfg: DictConfig) -> Path:
@@ -87,9 +87,9 @@ def task_collaborators(module: TrainingModule) -> dict[str, Any]:
 def _trained_on(cfg: DictConfig) -> dict[str, Any]:
     """A distillation loss's name when it trains on the data module's rows (mode=eval only validates), so that rows
     without teacher scores or negatives are refused once read."""
-    if cfg.get("mode", "train") != "train":
+    if cfg.mode != "train":
         return {}
-    return {"distill_loss": DISTILL_LOSSES.get(str(OmegaConf.select(cfg, "loss._target_", default="")))}
+    return {"distill_loss": DISTILL_LOSSES.get(str(cfg.loss._target_))}
 
 
 def build_data_for(cfg: DictConfig, module: TrainingModule, **collaborators: Any) -> Any:
@@ -163,18 +163,18 @@ def build_fabric(cfg: DictConfig) -> Fabric:
     and precision, and the same strategy (strategy=ddp: Fabric's DDP with the same options), so Lightning's
     connector finds the cluster environment (SLURM, torchrun, ...) and starts DDP's other ranks as the Trainer does
     (``gte_pro.launch.relaunch`` under Hydra). ``fabric.launch()`` starts them."""
-    strategy: Any = cfg.strategy.get("name", "auto")
+    strategy: Any = cfg.strategy.get("name")  # strategy=auto names one; ddp and fsdp give a _target_
     if "_target_" in cfg.strategy:
         target = FABRIC_STRATEGIES.get(cfg.strategy._target_)
         if target is None:
-            raise ConfigError(f"mode={cfg.get('mode')}: strategy {cfg.strategy._target_} is not supported (every "
+            raise ConfigError(f"mode={cfg.mode}: strategy {cfg.strategy._target_} is not supported (every "
                               "rank embeds or scores with the whole weights); use strategy=ddp")
         strategy = instantiate(cfg.strategy, _target_=target)
     deterministic = cfg.trainer.get("deterministic")
     if deterministic is not None:  # as Trainer(deterministic=...) sets it
         torch.use_deterministic_algorithms(bool(deterministic), warn_only=deterministic == "warn")
-    fabric = Fabric(accelerator=cfg.trainer.get("accelerator", "auto"), devices=cfg.trainer.get("devices", "auto"),
-                    num_nodes=cfg.trainer.get("num_nodes", 1), precision=cfg.trainer.precision, strategy=strategy)
+    fabric = Fabric(accelerator=cfg.trainer.accelerator, devices=cfg.trainer.devices, num_nodes=cfg.trainer.num_nodes,
+                    precision=cfg.trainer.precision, strategy=strategy)
     warning = emulated_bf16_warning(cfg.trainer.precision, fabric.device.type == "cpu",
                                     cpu_has_native_bf16())
     if warning and fabric.is_global_zero:
@@ -207,6 +207,6 @@ def build_module(cfg: DictConfig, encoder: Encoder | CrossEncoder) -> TrainingMo
     if not isinstance(encoder, model_class):
         valid = {"embed": "an embedder (model=minilm, gte_small, encoder, ...)",
                  "rerank": "a cross-encoder (model=reranker_minilm, reranker_tiny, cross_encoder, ...)"}[task]
-        raise ConfigError(f"task={task} trains {valid}; model={cfg.model.get('_target_', '?')} is a "
+        raise ConfigError(f"task={task} trains {valid}; model={cfg.model._target_} is a "
                          f"{type(encoder).__name__}")
     return module_class.from_config(module_config(cfg), encoder)

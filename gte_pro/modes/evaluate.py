@@ -46,7 +46,7 @@ def eval_datamodule(cfg: DictConfig, module: TrainingModule) -> LightningDataMod
         return build_data_for(cfg, module)
     return EvalDataModule(sets, encoder.tokenizer, batch_size=cfg.eval.batch_size, max_length=cfg.eval.max_length,
                           query_prefix=encoder.query_prefix, doc_prefix=encoder.doc_prefix,
-                          num_workers=cfg.data.get("num_workers", 0), **task_collaborators(module))
+                          num_workers=cfg.data.num_workers, **task_collaborators(module))
 
 
 def _set_details(cfg: DictConfig, datamodule: Any) -> dict[str, dict[str, Any]]:
@@ -54,7 +54,7 @@ def _set_details(cfg: DictConfig, datamodule: Any) -> dict[str, dict[str, Any]]:
     origin = {}
     if cfg.get("eval") and cfg.eval.get("beir"):
         origin = {name: {"path": path, "split": split}
-                  for path, split, name in eval_set_specs(cfg.eval.beir, cfg.eval.get("split", "test"))}
+                  for path, split, name in eval_set_specs(cfg.eval.beir, cfg.eval.split)}
     return {(name or HELD_OUT): {**origin.get(name, {"data": cfg.data.get("_target_")}),
                                  "queries": len(rs.queries), "docs": len(rs.corpus)}
             for name, rs in datamodule.validation_sets()}
@@ -90,7 +90,7 @@ def write_eval_report(output_dir: Path, cfg: DictConfig, encoder: Encoder | Cros
     summary = {
         "mode": "eval",
         "model": encoder.name_or_path,
-        "task": cfg.get("task", "embed"),
+        "task": cfg.task,
         "pooling": getattr(encoder, "pooling", None),  # a reranker (task=rerank) has neither
         "normalize": getattr(encoder, "normalize", None),
         "max_length": int(cfg.eval.max_length) if cfg.get("eval") else encoder.max_length,

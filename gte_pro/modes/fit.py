@@ -128,7 +128,7 @@ def set_up(cfg: DictConfig, times: PhaseTimes) -> Run:
     loggers and trainer."""
     output_dir = start_run(cfg)
     remove_leftovers(output_dir)
-    ckpt_path = resume_checkpoint(cfg.get("ckpt_path"), cfg.get("resume", "auto"), output_dir)
+    ckpt_path = resume_checkpoint(cfg.ckpt_path, cfg.resume, output_dir)
     config_changes = check_resumed_config(cfg, output_dir, ckpt_path)
     record_restart(output_dir, ckpt_path)
     if ckpt_path:  # continuing in a folder that holds checkpoints is the point, not a mistake to warn about
@@ -191,7 +191,7 @@ def _validate_before(run: Run) -> dict[str, float] | None:
     """The untrained model's metrics: measured on a run's first start and kept in the run folder, so that a
     resumed run reports the same numbers as an uninterrupted one."""
     record = run.output_dir / VAL_BEFORE
-    if not OmegaConf.select(run.cfg, "eval.before", default=True):
+    if not run.cfg.eval.before:
         return None  # eval.before=false: the untrained model's figures are not needed (a sweep measures them once)
     if run.ckpt_path:
         return json.loads(record.read_text(encoding="utf-8")) if record.is_file() else None

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 
 def training_file(cfg: DictConfig) -> str:
     """The run's JSON-lines training file, or a placeholder for a source that is not one (demo, hf, beir, mix)."""
-    if OmegaConf.select(cfg, "data._target_", default="") == "gte_pro.data.jsonl.JsonlDataModule":
-        return str(OmegaConf.select(cfg, "data.train_file"))
+    if cfg.data._target_ == "gte_pro.data.jsonl.JsonlDataModule":
+        return str(cfg.data.train_file)
     return "<train.jsonl>"
 
 

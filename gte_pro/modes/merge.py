@@ -67,9 +67,9 @@ def member_folders(cfg: DictConfig) -> list[Path]:
     if options.method == "slerp" and len(folders) != 2:
         raise ConfigError(f"merge.method=slerp interpolates exactly two models; merge.models has {len(folders)}",
                           hint="give two members for slerp, or merge.method=uniform|greedy for more")
-    if cfg.get("task", "embed") != "embed":
+    if cfg.task != "embed":
         raise ConfigError(f"mode=merge: task={cfg.task} is not supported; it merges embedders (task=embed)")
-    if cfg.get("devices", 1) != 1 or cfg.get("nodes", 1) != 1:
+    if cfg.devices != 1 or cfg.nodes != 1:
         raise ConfigError("mode=merge runs in one process; devices and nodes must be 1",
                           hint="set devices=1 nodes=1 (the members are validated one after another)")
     return folders

@@ -24,6 +24,7 @@ from typing import Any
 
 from omegaconf import open_dict, read_write
 
+from gte_pro.config.resolve import run_shape
 from gte_pro.preflight.batch_lengths import DataLengths
 from gte_pro.preflight.memory_budget import MemoryBudgetError, fitting_options, judged, refusal, with_mini_batch
 from gte_pro.preflight.memory_estimate import ModelShape, Setup, gib
@@ -45,7 +46,7 @@ class Choice:
 
 
 def is_auto(cfg: Any) -> bool:
-    return cfg.get("loss", {}).get("mini_batch_size") == AUTO
+    return cfg.loss.get("mini_batch_size") == AUTO  # the rerank losses have none
 
 
 def largest_fitting(fits: Callable[[int], bool], high: int) -> int | None:
@@ -113,8 +114,7 @@ def resolve(cfg: Any, shape: ModelShape, setup: Setup, data: DataLengths | None,
         def peak(mini_batch: int | None) -> float:
             return judged(shape, with_mini_batch(setup, mini_batch), data)[0].peak
 
-        fsdp = str(cfg.get("strategy", {}).get("_target_", "") or "").endswith("FSDPStrategy")
-        choice = choose(peak, setup.batch_texts or setup.texts, *budget, fsdp)
+        choice = choose(peak, setup.batch_texts or setup.texts, *budget, run_shape(cfg).fsdp)
         if not choice.fits:
             whole = with_mini_batch(setup, None)
             plan, batch = judged(shape, whole, data)

@@ -15,14 +15,16 @@ longest (``gte_pro.training.gradcache.split_features``) is a forward of its own.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gte_pro.models.length_chunks import chunk_plan, chunks_for
+from gte_pro.config.resolve import run_shape
+from gte_pro.models.length_chunks import chunk_plan
+from gte_pro.preflight.per_device import remines
 
 log = logging.getLogger(__name__)
 
@@ -134,21 +136,11 @@ def drawn_lengths(table: pa.Table, num_negatives: int, seed: int, epoch: int = 0
     return query, docs
 
 
-def world_size_of(cfg: Any) -> int:
-    try:
-        return max(int(cfg.get("devices", 1)) * int(cfg.get("nodes", 1)), 1)
-    except (TypeError, ValueError):  # devices=auto: as many as there are; the plan judges one device's share of one
-        return 1
-
-
 def length_chunks_of(cfg: Any, cuda: bool, padding_side: str) -> int:
     """The most length chunks of a forward as the encoder cuts them on this device (``model.length_chunks``; one
     block under ``model.compile``, left padding or FSDP, as gte_pro.models.encoder and gte_pro.launch.fsdp set it)."""
-    chunks = chunks_for(cfg.model.length_chunks, "cuda" if cuda else "cpu")
-    strategy = str(cfg.get("strategy", {}).get("_target_", "") or "")
-    if cfg.model.get("compile") or padding_side != "right" or strategy.endswith("FSDPStrategy"):
-        return 1
-    return chunks
+    return replace(run_shape(cfg), cuda=cuda).length_chunks(cfg.model.length_chunks, bool(cfg.model.compile),
+                                                            padding_side)
 
 
 def batch_lengths(cfg: Any, datamodule: Any, cuda: bool) -> DataLengths | None:
@@ -158,12 +150,11 @@ def batch_lengths(cfg: Any, datamodule: Any, cuda: bool) -> DataLengths | None:
     ``batches_from_train_sampler`` is false), ``data.remine`` (re-mined negatives are not in the token cache)."""
     from gte_pro.data.base import ContrastiveDataModule
 
-    remine = cfg.data.get("remine") or {}
-    if str(cfg.get("task", "embed")) != "embed" or remine.get("every_n_epochs") or remine.get("at_start"):
+    if str(cfg.task) != "embed" or remines(cfg):
         return None
     if not isinstance(datamodule, ContrastiveDataModule) or not datamodule.batches_from_train_sampler:
         return None
     cache = datamodule.open_token_cache()
     query, docs = drawn_lengths(cache.token_rows().data.table, datamodule.num_negatives, datamodule.seed)
     chunks = length_chunks_of(cfg, cuda, datamodule.tokenizer.padding_side)
-    return DataLengths(query, docs, datamodule, world_size_of(cfg), chunks)
+    return DataLengths(query, docs, datamodule, run_shape(cfg).world_size, chunks)

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from gte_pro.config.resolve import run_shape
 from gte_pro.errors import ConfigError
 from gte_pro.preflight.batch_lengths import DataLengths
 from gte_pro.preflight.memory_estimate import (
@@ -37,14 +38,9 @@ class MemoryBudgetError(ConfigError):
     hint = "add one of the options above to the command, or trainer.memory_budget=null to start anyway"
 
 
-def uses_cuda(cfg: Any) -> bool:
-    accelerator = str(cfg.trainer.get("accelerator", "auto"))
-    return accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
-
-
 def budget_of(cfg: Any, cuda: bool) -> tuple[float | None, str]:
     """The bytes one device may use, and where that figure comes from."""
-    value = cfg.trainer.get("memory_budget", "auto")
+    value = cfg.trainer.memory_budget
     if value is None or value is False:
         return None, "trainer.memory_budget=null"
     if value != "auto":  # a number of GiB (gte_pro.config.checks has checked it)
@@ -54,7 +50,7 @@ def budget_of(cfg: Any, cuda: bool) -> tuple[float | None, str]:
         return float(props.total_memory), f"{props.name}'s memory"
     import psutil
 
-    processes = max(int(cfg.get("devices", 1)), 1)
+    processes = run_shape(cfg).devices or 1  # devices=auto: the plan judges one device's share
     share = f" / {processes} processes" if processes > 1 else ""
     return psutil.virtual_memory().total / processes, f"this machine's RAM{share}"
 

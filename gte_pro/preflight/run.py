@@ -20,6 +20,7 @@ from typing import Any
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
+from gte_pro.config.resolve import uses_cuda
 from gte_pro.preflight.auto_mini_batch import Choice, announce, is_auto, resolve
 from gte_pro.preflight.batch_lengths import DataLengths, batch_lengths
 from gte_pro.preflight.memory_budget import (
@@ -28,7 +29,6 @@ from gte_pro.preflight.memory_budget import (
     fitting_options,
     judged,
     refusal,
-    uses_cuda,
     with_mini_batch,
 )
 from gte_pro.preflight.memory_estimate import MemoryPlan, estimate, gib, meta_backbone, shape_of
@@ -59,7 +59,7 @@ def preflight(cfg: Any, datamodule: Any | None, run_folder: Path | None = None, 
     ``model.max_length`` is printed beside it as the worst case, and judges only where the data's batches cannot be
     read before training (``batch_lengths`` says where)."""
     try:
-        shape = shape_of(meta_backbone(cfg.model, str(cfg.get("task", "embed"))))
+        shape = shape_of(meta_backbone(cfg.model, str(cfg.task)))
     except (OSError, ValueError) as error:
         log.debug("memory estimate skipped: %s", error)
         return Decisions(None, announce(NO_ESTIMATE) if is_auto(cfg) else None)

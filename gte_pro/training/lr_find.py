@@ -18,10 +18,10 @@ log = logging.getLogger(__name__)
 def find_lr(cfg: DictConfig, trainer: Trainer, module: TrainingModule, datamodule: Any, output_dir: Path,
             ckpt_path: str | None) -> float | None:
     """``lr_find=true``: the suggested learning rate, which the module then trains with (not on a resumed run)."""
-    if cfg.get("lr_find") and ckpt_path:
+    if cfg.lr_find and ckpt_path:
         log.info("lr_find: skipped, the run resumes from %s with its optimizer's learning rate", ckpt_path)
-    elif cfg.get("lr_find"):
-        return run_lr_find(trainer, module, datamodule, output_dir, cfg.get("lr_find_steps", 100))
+    elif cfg.lr_find:
+        return run_lr_find(trainer, module, datamodule, output_dir, cfg.lr_find_steps)
     return None
 
 
