@@ -12,9 +12,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from gte_pro.data.beir import relevant_texts
-from gte_pro.data.decontaminate import EvalIndex, normalise, shingle_sets
 from gte_pro.data.decontamination import REPORT
 from gte_pro.data.jsonl import JsonlDataModule
+from gte_pro.data.overlap_matching import EvalIndex, normalise, shingle_sets
 from gte_pro.data.split import is_held_out
 from gte_pro.errors import ConfigError
 from gte_pro.evaluation.sets import BeirEvalSets
