@@ -1,6 +1,6 @@
 """An embedder teacher rescoring a mined window: pairs/s when each batch of pairs embeds its own texts (the route
 before issue 31, still the route of a cross-encoder) vs each distinct text embedded once per job
-(``gte_pro.models.teacher_pairs.embedder_scores``, what ``mode=mine mine.rescore_with=`` and ``mode=score`` do now).
+(``gte_pro.scoring.pair_scoring.embedder_scores``, what ``mode=mine mine.rescore_with=`` and ``mode=score`` do now).
 
 The job is the real one: ``--rows`` demo training pairs, the packaged all-MiniLM-L6-v2 (the student) mines each
 query's candidate window ``[--range-min, --range-max)`` (``gte_pro.mining.rescore.window_options``), and the pairs
@@ -39,7 +39,7 @@ from gte_pro.mining.problem import build_problem  # noqa: E402
 from gte_pro.mining.rescore import window_options  # noqa: E402
 from gte_pro.models.encoder import Encoder  # noqa: E402
 from gte_pro.models.teacher import EmbedderTeacher, load_teacher  # noqa: E402
-from gte_pro.models.teacher_pairs import teacher_scores  # noqa: E402
+from gte_pro.scoring.pair_scoring import teacher_scores  # noqa: E402
 from gte_pro.utils.cache import cache_root  # noqa: E402
 
 PER_BATCH, ONCE = "per batch (before)", "each text once (now)"

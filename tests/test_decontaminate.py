@@ -12,9 +12,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from gte_pro.data.beir import relevant_texts
-from gte_pro.data.decontaminate import EvalIndex, normalise, shingle_sets
 from gte_pro.data.decontamination import REPORT
 from gte_pro.data.jsonl import JsonlDataModule
+from gte_pro.data.overlap_matching import EvalIndex, normalise, shingle_sets
 from gte_pro.data.split import is_held_out
 from gte_pro.errors import ConfigError
 from gte_pro.evaluation.sets import BeirEvalSets
@@ -150,7 +150,7 @@ def test_a_wrong_mode_names_the_key_and_its_choices(make_cfg, tmp_path: Path):
 
 
 def test_a_composed_run_reports_the_overlap(make_cfg, tokenizer, tmp_path: Path, caplog):
-    from gte_pro.data.configured import build_datamodule
+    from gte_pro.data.from_config import build_datamodule
     from gte_pro.evaluation.sets import eval_set_source
 
     train, val, beir, _ = planted_files(tmp_path)

@@ -139,7 +139,7 @@ def test_an_unscored_file_without_negatives_is_told_to_mine_first(make_cfg, tmp_
 
 
 def test_the_data_modules_fix_says_to_mine_when_the_rows_have_scores_but_no_negatives():
-    from gte_pro.data.row_contents import distill_problem
+    from gte_pro.data.row_checks import distill_problem
 
     what, fix = distill_problem("distill_kl", "f.jsonl", scored=True, negatives=0)
     assert what == ("f.jsonl: loss=distill_kl needs hard negatives in the training rows, and they have none "

@@ -23,15 +23,15 @@ from tests.conftest import CONF, write_jsonl
 
 # --- data.num_negatives: null uses the file's own -----------------------------------------------------------------
 def test_the_default_uses_every_negative_the_rows_carry(caplog: pytest.LogCaptureFixture):
-    from gte_pro.data.row_contents import negatives_per_row
+    from gte_pro.data.row_checks import negatives_per_row
 
     counts = np.array([3, 1, 0, 3])
-    with caplog.at_level(logging.INFO, logger="gte_pro.data.row_contents"):
+    with caplog.at_level(logging.INFO, logger="gte_pro.data.row_checks"):
         assert negatives_per_row(None, counts) == 3
     assert "3 hard negative(s) per row (data.num_negatives=null: the most any row carries)" in caplog.text
     assert "2 of 4 row(s) have fewer and are filled with other rows' positives" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="gte_pro.data.row_contents"):
+    with caplog.at_level(logging.INFO, logger="gte_pro.data.row_checks"):
         negatives_per_row(None, np.array([3, 1, 2, 3]))
     assert "the rows carry 1 to 3 (mean 2.2); 2 of 4 row(s) have fewer" in caplog.text  # the fewest is 1, not 0
     assert negatives_per_row(1, counts) == 1  # an explicit integer is kept

@@ -200,7 +200,7 @@ def weak_teacher_problems(cfg: DictConfig, loss: str, train_file: str) -> list[s
 
 
 def mine_then_score(source: str) -> str:
-    from gte_pro.data.row_contents import mine_then_score as fix
+    from gte_pro.data.row_checks import mine_then_score as fix
 
     return fix(source)
 

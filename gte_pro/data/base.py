@@ -22,7 +22,7 @@ from gte_pro.data.collaborators import CandidateSource, EvalSetSource, NegativeP
 from gte_pro.data.datasets import ExampleView, TokenizedPairs
 from gte_pro.data.decontamination import decontaminated, log_report
 from gte_pro.data.records import CleaningReport, Example, iter_clean_examples
-from gte_pro.data.row_contents import cap_validation, distill_problem, negatives_per_row, rows_problem
+from gte_pro.data.row_checks import cap_validation, distill_problem, negatives_per_row, rows_problem
 from gte_pro.data.sampling import EpochSampler, ResumableLoader
 from gte_pro.data.split import training_stream
 from gte_pro.data.validation import ValidationSets, held_out_set

@@ -1,5 +1,5 @@
 """``data.decontaminate``: the overlap of a run's training rows with its evaluation sets, reported and (``drop``)
-removed, once per token cache (the matching is ``gte_pro.data.decontaminate``).
+removed, once per token cache (the matching is ``gte_pro.data.overlap_matching``).
 
 The evaluation side is the run's validation rows (the held-out split or ``data.val_file``, as the token cache keeps
 them, ``data.max_val_queries`` at most) and each ``eval.beir`` set (its split's queries with a relevant document and
@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from gte_pro.data.cache import cache_key
 from gte_pro.data.collaborators import EvalSetSource
-from gte_pro.data.decontaminate import FIELDS, SHINGLES, EvalIndex, Overlap, scan
+from gte_pro.data.overlap_matching import FIELDS, SHINGLES, EvalIndex, Overlap, scan
 from gte_pro.utils.files import published_folder, writes_to
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ pair and every (query, positive) pair. Then, on the teacher's scores:
   kept negatives are written best first by teacher score, with the teacher's scores as ``neg_scores`` and those of
   the row's positives as ``pos_scores`` (FlagEmbedding's layout: ``loss=distill_kl`` trains on the file).
 
-Sharding (``gte_pro.models.teacher_pairs``). A cross-encoder's pairs are sorted by characters and cut into batches of
+Sharding (``gte_pro.scoring.pair_scoring``). A cross-encoder's pairs are sorted by characters and cut into batches of
 ``rescore_batch_size`` that the ranks share; an embedder teacher embeds each distinct query and document once, in
 batches the ranks share the same way; an ensemble does both for each member and averages the standardised scores.
 The scores are gathered to every rank. A batch is made from the texts alone, so every float32 score, and with it
@@ -39,8 +39,8 @@ from gte_pro.mining.core import MinedNegatives, _too_close, pick_survivors
 from gte_pro.mining.options import MiningOptions
 from gte_pro.mining.problem import MiningCorpus
 from gte_pro.models.teacher import Teacher
-from gte_pro.models.teacher_pairs import teacher_scores
 from gte_pro.scoring.judge import groups_from_window
+from gte_pro.scoring.pair_scoring import teacher_scores
 
 
 def window_options(options: MiningOptions) -> MiningOptions:

@@ -5,9 +5,9 @@ architecture: gte-pro's ``task=rerank`` exports, sentence-transformers' CrossEnc
 Alibaba-NLP/gte-*-reranker-*), scoring each pair with its logit, or any embedder, scoring each pair with the
 similarity of the two embeddings (cosine when the embedder normalises, as the embedder's own training does), or an
 ensemble of several teachers (a list: ``score.teacher=[a,b,c]``), whose scores are each member's standardised over
-the job's pairs, averaged (``gte_pro.models.teacher_pairs``).
+the job's pairs, averaged (``gte_pro.scoring.pair_scoring``).
 
-A job scores its pairs through ``gte_pro.models.teacher_pairs.teacher_scores``, which embeds each distinct text of an
+A job scores its pairs through ``gte_pro.scoring.pair_scoring.teacher_scores``, which embeds each distinct text of an
 embedder teacher once per job; ``Teacher.score`` scores the pairs it is given, as one call.
 """
 
@@ -85,7 +85,7 @@ def standardised(scores: torch.Tensor) -> torch.Tensor:
 
 class EnsembleTeacher:
     """Several teachers as one: each member's scores standardised over the pairs scored together (a job's pairs in
-    ``gte_pro.models.teacher_pairs``, the pairs of one call here), averaged."""
+    ``gte_pro.scoring.pair_scoring``, the pairs of one call here), averaged."""
 
     kind = "ensemble"
 

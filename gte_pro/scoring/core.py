@@ -6,7 +6,7 @@ and every rank knows how many shards there are and which are done. ``score_rank`
 this rank. A shard's pairs go to the teacher in one call, in row order (each row's positives, then its negatives),
 so batches are formed from the shard alone: a pair's score is the same for any world size and after a resume.
 An embedder teacher, or an ensemble, scores the whole file first (``file_scores``: each distinct text embedded once
-per job, members standardised over all the file's pairs; ``gte_pro.models.teacher_pairs``), and the shards are then
+per job, members standardised over all the file's pairs; ``gte_pro.scoring.pair_scoring``), and the shards are then
 written from those scores; the batches are made from the whole file, so again from neither the ranks nor the
 shards already done.
 
@@ -33,7 +33,7 @@ from gte_pro.data.cache import file_signature
 from gte_pro.data.records import MAX_TEXT_CHARS, clean_text
 from gte_pro.errors import ConfigError, DataError
 from gte_pro.models.teacher import CrossEncoderTeacher, EnsembleTeacher, Teacher
-from gte_pro.models.teacher_pairs import teacher_scores
+from gte_pro.scoring.pair_scoring import teacher_scores
 from gte_pro.scoring.shards import Shard, ShardFolder, iter_shards
 from gte_pro.utils.distributed import world
 
@@ -116,7 +116,7 @@ def shard_pairs(shard: Shard) -> tuple[list[str], list[str]]:
 def file_scores(teacher: Teacher, path: str | Path, shard_rows: int, batch_size: int, device: Any = "cpu",
                 context: Callable[[], Any] = contextlib.nullcontext,
                 members_out: list[torch.Tensor] | None = None) -> list[np.ndarray]:
-    """The teacher's scores of the whole file's pairs, per shard (collective: ``gte_pro.models.teacher_pairs``);
+    """The teacher's scores of the whole file's pairs, per shard (collective: ``gte_pro.scoring.pair_scoring``);
     ``members_out`` gets an ensemble's members' standardised scores of all the pairs (``teacher_scores``)."""
     queries, docs, counts = [], [], []
     for shard in iter_shards(path, shard_rows):

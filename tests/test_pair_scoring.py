@@ -1,4 +1,4 @@
-"""gte_pro.models.teacher_pairs: an embedder teacher embeds each distinct text once per job, an ensemble averages its
+"""gte_pro.scoring.pair_scoring: an embedder teacher embeds each distinct text once per job, an ensemble averages its
 members' standardised scores, and the scores are the same bytes on 1 and 2 gloo ranks."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from gte_pro import packaged_minilm_path
 from gte_pro.models.teacher import CrossEncoderTeacher, EmbedderTeacher, EnsembleTeacher, standardised
-from gte_pro.models.teacher_pairs import teacher_scores
+from gte_pro.scoring.pair_scoring import teacher_scores
 from tests.conftest import free_port
 from tests.ddp_harness import spawn_ranks
 

@@ -1,4 +1,5 @@
-"""Decontamination: which training rows repeat a text of an evaluation set of the run, exactly or nearly.
+"""Overlap matching: which training rows repeat a text of an evaluation set of the run, exactly or nearly (what
+``data.decontaminate`` reports and drops: ``gte_pro.data.decontamination``).
 
 The evaluation side is small (a held-out split or ``data.val_file`` of at most ``data.max_val_queries`` queries, and
 the queries of each ``eval.beir`` set with the documents its qrels judge relevant, not the whole corpus: a training

@@ -1,6 +1,6 @@
-"""What the rows carry, decided once they are read: whether any are left for training and validation, the
-validation queries kept, the hard negatives each row's batch is given (``data.num_negatives``; null: the rows'
-own), and whether a distillation loss finds the teacher scores and negatives it learns from."""
+"""Checks and decisions on what the rows carry, once they are read: whether any are left for training and
+validation, the validation queries kept, the hard negatives each row's batch is given (``data.num_negatives``; null:
+the rows' own), and whether a distillation loss finds the teacher scores and negatives it learns from."""
 
 from __future__ import annotations
 
