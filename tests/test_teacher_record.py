@@ -127,3 +127,17 @@ def test_a_run_below_its_val_before_says_so(caplog):
     assert "val/ndcg@10 0.4400 after training is below 0.8000 before it" in caplog.text
     assert "teacher record" in below["note"]
     assert "teacher" not in below_val_before({metric: 0.8}, {metric: 0.44}, metric)["note"]
+
+
+def test_a_run_settles_auto_once_before_anything_is_built(make_cfg, tmp_path: Path, caplog):
+    """The first step of every mode (``start_run``) resolves ``auto`` into the config and says so once; the module
+    built from that config reads the number, and says nothing more."""
+    from gte_pro.modes.build import module_config, start_run
+
+    cfg = _cfg(make_cfg, _scored_file(tmp_path, "embedder"))
+    with caplog.at_level(logging.INFO, logger="gte_pro.scoring.teacher_file"):
+        _, resolution = start_run(cfg)
+        loss = module_config(cfg)["loss"]
+    assert cfg.loss.teacher_temperature == resolution.teacher_temperature == loss["teacher_temperature"] == 0.05
+    assert caplog.text.count("read at 0.05 (auto: ") == 1
+    assert resolution.record()["teacher_temperature_why"].startswith("auto: ")

@@ -79,6 +79,20 @@ def test_exported_model_loads_in_sentence_transformers_with_identical_embeddings
     assert exported.max_seq_length == cfg.data.max_length
 
 
+def test_the_run_records_what_its_config_left_to_the_machine(fast_run):
+    """config -> resolve -> pre-flight: run_config.json keeps the training keys as composed and, under ``resolved``,
+    what this start decided (processes and device, the length chunks the pre-flight assumed); the log said it once."""
+    from gte_pro.launch.resume import RESOLVED, training_config
+
+    cfg, out, _ = fast_run
+    record = json.loads((out / "run_config.json").read_text())
+    resolved = record.pop(RESOLVED)
+    assert record == training_config(cfg)
+    assert resolved["devices"] == resolved["world_size"] == resolved["nodes"] == 1
+    assert resolved["cuda"] is False and resolved["fsdp"] is False and resolved["teacher_temperature"] is None
+    assert resolved["length_chunks"] == 4  # model.length_chunks=auto on the CPU, the right-padding MiniLM tokenizer
+
+
 def test_resume_from_checkpoint_continues_the_step_count(fast_run, make_cfg, tmp_path):
     _, out, _ = fast_run
     last = out / "checkpoints" / "last.ckpt"

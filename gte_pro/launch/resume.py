@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 RESUME_CHOICES = ("auto", "never", "force")
 RUN_CONFIG = "run_config.json"
+RESOLVED = "resolved"  # run_config.json's record of what the config left to the machine and data
 RESTARTS = "restarts.jsonl"  # one line per start of this run folder that resumed a checkpoint
 
 # keys that change where or how a run reports, not what it trains: free to differ on resume
@@ -40,7 +41,8 @@ NOT_TRAINING = ("paths", "logger", "callbacks", "hydra", "export", "eval", "task
                 "data.eval_batch_size", "trainer.log_every_n_steps", "trainer.default_root_dir",
                 "trainer.enable_progress_bar", "trainer.num_sanity_val_steps",
                 "model.length_chunks",  # the same rows and loss, computed in other chunks
-                "trainer.memory_budget")  # a check only: loss.mini_batch_size=auto reuses its first choice
+                "trainer.memory_budget",  # a check only: loss.mini_batch_size=auto reuses its first choice
+                RESOLVED)  # what the latest start decided on its machine (record_resolved), not a setting
 
 
 DECONTAMINATION = ("data.decontaminate", "data.decontaminate_threshold", "data.decontaminate_num_perm")
@@ -189,3 +191,14 @@ def check_resumed_config(cfg: DictConfig, output_dir: Path, ckpt_path: str | Non
         log.warning("resume=force: continuing %s with %d changed key(s): %s", output_dir, len(changed),
                     ", ".join(changed))
     return changed
+
+
+def record_resolved(output_dir: Path, resolved: dict[str, Any]) -> None:
+    """Keep what this start decided for the config (``gte_pro.config.resolve`` and the pre-flight: processes,
+    device, the teacher's temperature, the mini-batch, the length chunks) in ``run_config.json`` under
+    ``resolved`` (rank 0); a resumed start replaces the earlier start's, the training keys stay as they were."""
+    record = output_dir / RUN_CONFIG
+    if rank_zero_only.rank != 0 or not record.is_file():
+        return
+    kept = json.loads(record.read_text(encoding="utf-8"))
+    write_json_atomic(record, {**kept, RESOLVED: resolved})

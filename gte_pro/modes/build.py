@@ -20,6 +20,7 @@ from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
 from gte_pro.config.cross_keys import DISTILL_LOSSES, training_file
+from gte_pro.config.resolve import Resolution, resolve
 from gte_pro.data.from_config import build_datamodule
 from gte_pro.errors import ConfigError
 from gte_pro.launch.checkpoint_io import AtomicCheckpointIO
@@ -67,13 +68,14 @@ def seed_and_precision(cfg: DictConfig) -> None:
     torch.set_float32_matmul_precision(cfg.matmul_precision)
 
 
-def start_run(cfg: DictConfig) -> Path:
-    """The first step of every mode: seeds and matmul precision (``seed_and_precision``) and the run folder
-    (``paths.output_dir``, made if missing), which it returns."""
+def start_run(cfg: DictConfig) -> tuple[Path, Resolution]:
+    """The first step of every mode: seeds and matmul precision (``seed_and_precision``), the run folder
+    (``paths.output_dir``, made if missing) and what the config leaves to this machine and data, settled
+    (``gte_pro.config.resolve``: one log line); returns the folder and that resolution."""
     seed_and_precision(cfg)
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    return output_dir
+    return output_dir, resolve(cfg)
 
 
 def task_collaborators(module: TrainingModule) -> dict[str, Any]:
@@ -190,7 +192,8 @@ def on_device(fabric: Fabric, module: torch.nn.Module) -> Any:
 
 def module_config(cfg: DictConfig) -> dict[str, Any]:
     """The resolved parts of ``cfg`` that describe the Lightning module (saved with every checkpoint); the loss's
-    ``teacher_temperature=auto`` as the number the training file's teacher record gives (``loss_options``)."""
+    ``teacher_temperature`` as a number (a run settled ``auto`` at its start, ``gte_pro.config.resolve``; for a
+    config built without a run, ``loss_options`` reads the training file's teacher record)."""
     config = {key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key]
               for key in TrainingModule.CONFIG_KEYS if key in cfg}
     if isinstance(config.get("loss"), dict):

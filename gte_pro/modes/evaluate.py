@@ -62,7 +62,7 @@ def _set_details(cfg: DictConfig, datamodule: Any) -> dict[str, dict[str, Any]]:
 
 def evaluate(cfg: DictConfig) -> float | None:
     """Evaluate ``cfg.model`` as configured; write ``metrics.json`` + ``metrics.md``; return the optimized metric."""
-    output_dir = start_run(cfg)
+    output_dir, _ = start_run(cfg)
     encoder = build_encoder(cfg)
     module = build_module(cfg, encoder)
     datamodule = eval_datamodule(cfg, module)

@@ -31,6 +31,7 @@ from gte_pro.launch.fsdp import is_sharded, unsharded_module
 from gte_pro.launch.preemption import PreemptionCheckpoint, stop_if_asked
 from gte_pro.launch.resume import (
     check_resumed_config,
+    record_resolved,
     record_restart,
     remove_leftovers,
     restart_history,
@@ -126,7 +127,7 @@ def fit(cfg: DictConfig) -> float | None:
 def set_up(cfg: DictConfig, times: PhaseTimes) -> Run:
     """Everything before the first validation: the run folder, resume decision, encoder, data, module, callbacks,
     loggers and trainer."""
-    output_dir = start_run(cfg)
+    output_dir, resolution = start_run(cfg)
     remove_leftovers(output_dir)
     ckpt_path = resume_checkpoint(cfg.ckpt_path, cfg.resume, output_dir)
     config_changes = check_resumed_config(cfg, output_dir, ckpt_path)
@@ -141,6 +142,7 @@ def set_up(cfg: DictConfig, times: PhaseTimes) -> Run:
     # before the weights load, on the run's one data module (task=embed): a run that cannot fit stops here, with what
     # would fit; loss.mini_batch_size=auto is resolved here (and kept in the run folder for a resume)
     datamodule, decisions = prepare(cfg, output_dir, resumed=ckpt_path is not None, **collaborators)
+    record_resolved(output_dir, {**resolution.record(), **decisions.record()})
     encoder = build_encoder(cfg)
     module = build_module(cfg, encoder)
     if datamodule is None:  # task=rerank: its data module joins the module's pairs and serves its candidates

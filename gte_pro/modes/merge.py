@@ -119,7 +119,7 @@ def merge(cfg: DictConfig) -> float | None:
     check_members(folders)  # before any weight is read
     check_export_requirements(cfg.get("export"))
     method, metric = str(cfg.merge.method), str(cfg.get("optimized_metric") or "val/ndcg@10")
-    output_dir = start_run(cfg)
+    output_dir, _ = start_run(cfg)
     names = [str(folder) for folder in folders]
     states = [member_state(cfg, folder) for folder in folders]
     check_buffers(states, names)

@@ -131,7 +131,7 @@ def mine_problem(fabric: Fabric, encoder: Encoder, problem: MiningProblem, optio
 
 def mine(cfg: DictConfig) -> None:
     """Mine as ``cfg.mine`` says; rank 0 writes the mined file, the report and the plot."""
-    output_dir = start_run(cfg)
+    output_dir, _ = start_run(cfg)
     options = mining_options(cfg.mine, cfg.seed)
     rescore = rescore_options(cfg.mine)
     teacher = None

@@ -118,7 +118,7 @@ def score(cfg: DictConfig) -> None:
                           hint="set score.teacher=<cross-encoder folder or hub name> (or an embedder, with "
                                "score.teacher_kind=embedder where its folder does not say)")
     source = input_file(cfg)
-    output_dir = start_run(cfg)
+    output_dir, _ = start_run(cfg)
     output = Path(options.output).expanduser() if options.get("output") else output_dir / "scored.jsonl"
     if output.resolve() == source.resolve():
         raise ConfigError(f"score.output={output} is the input file", hint="write the scores to another file")

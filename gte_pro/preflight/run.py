@@ -48,6 +48,12 @@ class Decisions:
     mini_batch: Choice | None  # loss.mini_batch_size=auto resolved (None: the config names a size or null)
     length_chunks: int = 1  # the most length chunks of a forward the plan assumed (1: one padded block)
 
+    def record(self) -> dict[str, Any]:
+        """The decisions as ``run_config.json`` keeps them (``resolved``, gte_pro.launch.resume.record_resolved)."""
+        mini_batch = {"mini_batch_size": self.mini_batch.value, "mini_batch_why": self.mini_batch.why} \
+            if self.mini_batch is not None else {}
+        return {**mini_batch, "length_chunks": self.length_chunks}
+
 
 def preflight(cfg: Any, datamodule: Any | None, run_folder: Path | None = None, resumed: bool = False) -> Decisions:
     """The decisions for ``cfg`` (module docstring); raises :class:`MemoryBudgetError` for a run that does not fit.

@@ -218,10 +218,17 @@ def comparison_note(record: dict[str, Any]) -> str | None:
 
 def loss_options(loss: dict[str, Any], train_file: str | None) -> dict[str, Any]:
     """The ``loss`` config part as the loss is built from it: ``teacher_temperature`` as a number (``auto``
-    resolved from the record of ``train_file``; one log line says which and why)."""
+    resolved from the record of ``train_file``, :func:`settled_temperature`)."""
     options = dict(loss)
     if "teacher_temperature" in options:
-        temperature, why = chosen_temperature(options["teacher_temperature"], train_file)
-        log.info("loss.teacher_temperature: the teacher's scores are read at %s (%s)", temperature, why)
-        options["teacher_temperature"] = temperature
+        options["teacher_temperature"] = settled_temperature(options["teacher_temperature"], train_file)[0]
     return options
+
+
+def settled_temperature(setting: Any, train_file: str | None) -> tuple[float, str]:
+    """``chosen_temperature``; ``auto`` also says in one log line what it came to and why (a run settles it once,
+    before anything is built: gte_pro.config.resolve)."""
+    temperature, why = chosen_temperature(setting, train_file)
+    if setting == "auto":
+        log.info("loss.teacher_temperature: the teacher's scores are read at %s (%s)", temperature, why)
+    return temperature, why
