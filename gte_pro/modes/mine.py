@@ -137,7 +137,7 @@ def mine(cfg: DictConfig) -> None:
     teacher = None
     if rescore is not None:  # loaded before the corpus is embedded: a wrong path or margin fails at once
         teacher = load_teacher(rescore.name_or_path, rescore.max_length,
-                               bool(cfg.model.trust_remote_code), rescore.kind)
+                               bool(cfg.model.get("trust_remote_code")), rescore.kind)
         if problems := teacher_margin_problems(options, teacher.kind):
             raise ConfigError("invalid mining options:\n  " + "\n  ".join(problems))
     corpus_files = corpus_files_setting(OmegaConf.to_container(cfg.mine, resolve=True).get("corpus_files"))

@@ -139,7 +139,7 @@ def drawn_lengths(table: pa.Table, num_negatives: int, seed: int, epoch: int = 0
 def length_chunks_of(cfg: Any, cuda: bool, padding_side: str) -> int:
     """The most length chunks of a forward as the encoder cuts them on this device (``model.length_chunks``; one
     block under ``model.compile``, left padding or FSDP, as gte_pro.models.encoder and gte_pro.launch.fsdp set it)."""
-    return replace(run_shape(cfg), cuda=cuda).length_chunks(cfg.model.length_chunks, bool(cfg.model.compile),
+    return replace(run_shape(cfg), cuda=cuda).length_chunks(cfg.model.length_chunks, bool(cfg.model.get("compile")),
                                                             padding_side)
 
 

@@ -245,7 +245,7 @@ def meta_backbone(model_cfg: Any, task: str = "embed") -> torch.nn.Module:
     from gte_pro.models.loading import load_tokenizer, random_config
     from gte_pro.models.lora import with_lora
 
-    remote = bool(model_cfg.trust_remote_code)
+    remote = bool(model_cfg.get("trust_remote_code"))  # a model class of the user's own may not have the key
     fields = model_cfg.get("random_init_config")
     if fields is not None:
         config = random_config(load_tokenizer(str(model_cfg.name_or_path), remote), dict(fields))

@@ -64,6 +64,6 @@ def setup_of(cfg: Any, cuda: bool, num_negatives: int | None = None) -> Setup:
     return Setup(precision=str(cfg.trainer.precision), texts=texts, tokens_per_text=int(cfg.model.max_length),
                  rows=rows, mini_batch=mini_batch, batch_texts=batch_texts if task == "embed" else 0,
                  score_cells=scores,
-                 checkpointing=bool(cfg.model.gradient_checkpointing),
-                 lora=bool(cfg.model.lora), shards=shards,
-                 eager_attention=cfg.model.attn_implementation == "eager", cuda=cuda)
+                 checkpointing=bool(cfg.model.get("gradient_checkpointing")),
+                 lora=bool(cfg.model.get("lora")), shards=shards,  # a cross-encoder has no LoRA key
+                 eager_attention=cfg.model.get("attn_implementation") == "eager", cuda=cuda)
