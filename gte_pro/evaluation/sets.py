@@ -86,8 +86,8 @@ class BeirEvalSets:
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
-        self.batch_size = cfg.eval.batch_size
-        self.max_length = cfg.eval.max_length
+        self.batch_size = cfg.eval.get("batch_size")
+        self.max_length = cfg.eval.get("max_length")
         self.specs = eval_set_specs(cfg.eval.beir, cfg.eval.split)
 
     def load(self, tokenizer: PreTrainedTokenizerBase, doc_prefix: str, max_length: int) -> list[tuple[str, BeirSet]]:
