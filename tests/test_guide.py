@@ -296,3 +296,12 @@ def test_a_short_run_trains_with_a_guide_and_logs_its_share(make_cfg, tmp_path, 
     state = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)
     assert not any("guide" in key for key in state["state_dict"])
     assert state["gte_pro_module_config"]["loss"]["guide"] == packaged_minilm_path()
+
+
+# --- kill-resume: the guide is frozen and keeps no state, so a stopped and resumed run ends as an uninterrupted one --
+@pytest.mark.slow
+def test_a_guided_run_stopped_mid_epoch_resumes_bit_identical(make_cfg, tmp_path):
+    from gte_pro import packaged_minilm_path
+    from tests.test_resume import RUN, stop_at_step_7_and_resume
+
+    stop_at_step_7_and_resume(make_cfg, tmp_path, [*RUN, f"loss.guide={packaged_minilm_path()}"])
