@@ -230,6 +230,9 @@ def test_the_guide_reads_the_batchs_ids_or_re_tokenizes_the_decoded_texts():
     torch.testing.assert_close(whole, chunked, rtol=1e-12, atol=1e-12)
     assert torch.allclose(whole.norm(dim=-1), torch.ones(3, dtype=whole.dtype))
     assert len(split_features(features, 2)) == 2
+    # a guide that reads fewer tokens than the student passes tokenizes again (sentence-transformers' rule too)
+    longer = guide_encoder.max_length + 1
+    assert not Guide(guide_encoder, guide_encoder.tokenizer, student_max_length=longer).shares_tokens
 
 
 # --- bad values end in the config check, before any model loads ---------------------------------------------------

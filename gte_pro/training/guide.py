@@ -41,18 +41,23 @@ def same_vocabulary(student: PreTrainedTokenizerBase, guide: PreTrainedTokenizer
 class Guide:
     """A frozen embedder that embeds the student's tokenized batches (module docstring)."""
 
-    def __init__(self, encoder: Encoder, student_tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(self, encoder: Encoder, student_tokenizer: PreTrainedTokenizerBase,
+                 student_max_length: int | None = None) -> None:
         self.encoder = encoder.eval().requires_grad_(False)
         self.student_tokenizer = student_tokenizer
-        self.shares_tokens = same_vocabulary(student_tokenizer, encoder.tokenizer)
+        # sentence-transformers' test: the same vocabulary, and the guide reads as many tokens as the student passes
+        self.shares_tokens = same_vocabulary(student_tokenizer, encoder.tokenizer) and (
+            student_max_length is None or encoder.max_length >= student_max_length)
 
     @classmethod
     def load(cls, name_or_path: str, student: Encoder, trust_remote_code: bool = False) -> Guide:
-        """The guide at ``name_or_path``, reading texts up to the student's ``max_length``; one padded pass per
-        batch (``length_chunks=1``), so that a text's guide embedding does not depend on which rows share its chunk."""
+        """The guide at ``name_or_path``, reading texts up to the student's ``max_length`` (or its own tokenizer's
+        limit, if lower); one padded pass per batch (``length_chunks=1``), so that a text's guide embedding does not
+        depend on which rows share its chunk."""
         encoder = Encoder.load(name_or_path, max_length=student.max_length, trust_remote_code=trust_remote_code,
                                length_chunks=1)
-        return cls(encoder, student.tokenizer)
+        encoder.max_length = min(encoder.max_length, int(encoder.tokenizer.model_max_length))
+        return cls(encoder, student.tokenizer, student.max_length)
 
     def features(self, features: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The guide's input for one tokenized block of the student's batch (module docstring)."""
