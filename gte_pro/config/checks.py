@@ -31,6 +31,7 @@ from gte_pro.config.cross_keys import (
     task_problems,
     topology_problems,
 )
+from gte_pro.config.guide_checks import guide_problems
 from gte_pro.config.known_keys import spelling_hint, static_keys, valid_keys
 from gte_pro.config.rules import Rule
 from gte_pro.config.schema import SCHEMAS, schema_for
@@ -169,7 +170,7 @@ def config_problems(cfg: DictConfig) -> list[str]:
     if "optimizer.lr" not in unusable and "model.lr" not in unusable:
         problems += lr_problems(cfg)
     problems += topology_problems(cfg) + task_problems(cfg) + matryoshka_problems(cfg) + mine_window_problems(cfg)
-    problems += distill_problems(cfg) + hydra_launcher_problems()
+    problems += distill_problems(cfg) + guide_problems(cfg) + hydra_launcher_problems()
     for key, rule in key_rules(cfg).items():
         if key in unusable:
             continue

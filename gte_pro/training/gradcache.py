@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from gte_pro.errors import ConfigError
-from gte_pro.training.losses import LossOutput, split_documents
+from gte_pro.training.losses import GuideEmbeddings, LossOutput, split_documents
 from gte_pro.training.partition import at_least_fp32
 
 Features = Mapping[str, torch.Tensor]
@@ -226,19 +226,22 @@ def cached_loss(
     mini_batch_size: int,
     params: Iterable[torch.Tensor] | None = None,
     teacher_scores: torch.Tensor | None = None,
+    guide: GuideEmbeddings | None = None,
 ) -> LossOutput:
     """The contrastive loss of the whole batch, in the activation memory of ``mini_batch_size`` texts.
 
     ``doc_features`` holds the B positives, then the k hard negatives of each query in order (the collator's
     layout). The loss runs in fp32 with autocast off; ``loss.backward()`` fills the encoder's ``.grad`` with the
     gradients of the whole batch's loss, however the caller scales or accumulates it. ``teacher_scores`` (the batch's,
-    for the distillation losses) is passed on to ``loss_fn`` when given.
+    for the distillation losses) and ``guide`` (``loss.guide``'s embeddings of the whole batch, computed once without
+    gradients: nothing of it is replayed) are passed on to ``loss_fn`` when given.
     """
     reps = embed_cached(encoder, [query_features, doc_features], mini_batch_size, params)
     batch_size = query_features["input_ids"].shape[0]
     with _loss_precision(reps.device):
         positives, negatives = split_documents(reps[batch_size:], batch_size, num_negatives)
         extra = {} if teacher_scores is None else {"teacher_scores": teacher_scores}
+        extra |= {} if guide is None else {"guide": guide}
         return loss_fn(reps[:batch_size], positives, negatives, **extra)
 
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from gte_pro.errors import ConfigError
 from gte_pro.training.gather import gather_with_grad
-from gte_pro.training.partition import contrastive_cross_entropy
+from gte_pro.training.partition import Partition, contrastive_cross_entropy
 from gte_pro.training.quantization_aware import fit_ranges_buffer, quantized_batch, ranges_for_step
 
 
@@ -31,8 +31,13 @@ class LossOutput:
     # this rank's query and positive embeddings (detached, full width), for the telemetry (gte_pro.training.telemetry)
     query: torch.Tensor | None = None
     positive: torch.Tensor | None = None
-    # loss.false_negative_margin: the share of this rank's negative candidates masked (detached); None: off
+    # loss.false_negative_margin / loss.guide: the share of this rank's negative candidates masked (detached); None: off
     masked_share: torch.Tensor | None = None
+    guide_masked_share: torch.Tensor | None = None
+
+
+# loss.guide: the guide's (query, positive, hard negatives or None) embeddings of the batch, unit length, no grad
+GuideEmbeddings = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
 def split_documents(docs: torch.Tensor, batch_size: int,
@@ -67,13 +72,16 @@ class GlobalBatch:
     num_negatives: int  # k: hard negatives per query
     negatives: torch.Tensor | None = None  # (B_local, k, dim): this rank's own hard negatives
     teacher: torch.Tensor | None = None  # (B_local, 1 + k) teacher scores of [positive, negatives] (distillation)
+    # loss.guide: the guide's scores of the loss's terms (the layout of its partition function), at any width
+    guide_scores: torch.Tensor | None = None
 
     def truncated(self, dim: int) -> GlobalBatch:
         def cut(x: torch.Tensor | None) -> torch.Tensor | None:
             return None if x is None else x[..., :dim]
 
-        return GlobalBatch(self.query[..., :dim], self.positive[..., :dim], self.candidates[..., :dim],
-                           cut(self.queries_all), self.offset, self.num_negatives, cut(self.negatives), self.teacher)
+        return replace(self, query=self.query[..., :dim], positive=self.positive[..., :dim],
+                       candidates=self.candidates[..., :dim], queries_all=cut(self.queries_all),
+                       negatives=cut(self.negatives))
 
 
 class ContrastiveLoss(nn.Module, abc.ABC):
@@ -94,9 +102,10 @@ class ContrastiveLoss(nn.Module, abc.ABC):
     embedding, for each d, so that truncated embeddings keep working. The embeddings are gathered across devices
     once, at full width, and truncated after. Subclasses compute one loss in ``_loss``.
 
-    ``false_negative_margin`` and ``hardness_alpha`` (``gte_pro.training.partition``): what each query's softmax
-    keeps and how it weighs its negatives, applied the same way to every loss's partition function
-    (``_cross_entropy``).
+    ``false_negative_margin``, ``guide``/``guide_margin`` and ``hardness_alpha`` (``gte_pro.training.partition``):
+    what each query's softmax keeps and how it weighs its negatives, applied the same way to every loss's partition
+    function (``_partition``). ``guide`` is the guide model's name, read by the training module, which loads it
+    (``gte_pro.training.guide``) and hands its embeddings to ``forward``; the loss scores them in its own layout.
 
     ``quantization_aware`` (``gte_pro.training.quantization_aware``): plus ``quantization_weight`` times ``_loss`` on
     the int8/binary embeddings (straight-through), at full width only; the int8 ranges are the checkpointed buffer
@@ -111,7 +120,7 @@ class ContrastiveLoss(nn.Module, abc.ABC):
                  similarity: str = "cosine", matryoshka_dims: Sequence[int] | None = None,
                  matryoshka_weights: Sequence[float] | None = None, quantization_aware: Sequence[str] = (),
                  quantization_weight: float = 1.0, false_negative_margin: float | None = None,
-                 hardness_alpha: float = 0.0) -> None:
+                 hardness_alpha: float = 0.0, guide: str | None = None, guide_margin: float = 0.0) -> None:
         super().__init__()
         # the values come checked (gte_pro.config.checks, from gte_pro/config/schema/loss.py)
         self.temperature = float(temperature)
@@ -125,22 +134,27 @@ class ContrastiveLoss(nn.Module, abc.ABC):
         # what each row's softmax keeps and how it weighs it: gte_pro.training.partition
         self.false_negative_margin = None if false_negative_margin is None else float(false_negative_margin)
         self.hardness_alpha = float(hardness_alpha)
+        self.guide, self.guide_margin = guide, float(guide_margin)
         if self.quantization_aware:  # (2, dim) once the first training batch has been seen
             self.register_buffer("quantization_ranges", torch.empty(2, 0))
             self._register_load_state_dict_pre_hook(fit_ranges_buffer, with_module=True)
 
     def forward(self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None = None,
-                teacher_scores: torch.Tensor | None = None) -> LossOutput:
-        """``teacher_scores`` (B_local, 1 + k): the batch's teacher scores, read by the distillation losses only."""
-        out = self._forward(query, positive, negatives, teacher_scores)
+                teacher_scores: torch.Tensor | None = None, guide: GuideEmbeddings | None = None) -> LossOutput:
+        """``teacher_scores`` (B_local, 1 + k): the batch's teacher scores, read by the distillation losses only;
+        ``guide``: the guide's embeddings of the same texts (``loss.guide``), None: no guided masking."""
+        out = self._forward(query, positive, negatives, teacher_scores, guide)
         # references to tensors the step holds anyway: the telemetry reads them without another forward pass
         out.query, out.positive = query.detach(), positive.detach()
         return out
 
     def _forward(self, query: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor | None,
-                 teacher_scores: torch.Tensor | None) -> LossOutput:
+                 teacher_scores: torch.Tensor | None, guide: GuideEmbeddings | None) -> LossOutput:
         batch = self._gathered(query, positive, negatives)
         batch.negatives, batch.teacher = negatives if batch.num_negatives else None, teacher_scores
+        if guide is not None:  # gathered as the student's, scored in the same layout, once for every width
+            with torch.no_grad():
+                batch.guide_scores = self._partition(self._gathered(*guide))[0]
         out = self._float_loss(batch)
         return self._with_quantized(batch, out) if self.quantization_aware else out
 
@@ -173,14 +187,23 @@ class ContrastiveLoss(nn.Module, abc.ABC):
             self.similarity = similarity
 
     @abc.abstractmethod
-    def _loss(self, batch: GlobalBatch) -> LossOutput:
-        """One loss over the gathered batch (at one width): each loss class's own."""
+    def _partition(self, batch: GlobalBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each loss class's own partition function over the gathered batch (at one width): (scores of every term,
+        -inf where left out; the column of each row's positive; the query-document scores, for the metrics)."""
 
-    def _cross_entropy(self, scores: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Each row's softmax cross-entropy at ``labels`` with this loss's temperature, false-negative margin and
-        hardness weighting: (mean loss, masked share or None)."""
+    def _loss(self, batch: GlobalBatch) -> LossOutput:
+        """The softmax cross-entropy of ``_partition`` (``gte_pro.training.partition``)."""
+        scores, labels, query_doc = self._partition(batch)
+        out = self._cross_entropy(scores, labels, batch.guide_scores)
+        return LossOutput(out.loss, query_doc.detach(), labels, masked_share=out.masked_share,
+                          guide_masked_share=out.guide_masked_share)
+
+    def _cross_entropy(self, scores: torch.Tensor, labels: torch.Tensor,
+                       guide_scores: torch.Tensor | None = None) -> Partition:
+        """Each row's softmax cross-entropy at ``labels`` with this loss's temperature, false-negative margin, guide
+        masking and hardness weighting."""
         return contrastive_cross_entropy(scores, labels, self.temperature, self.false_negative_margin,
-                                         self.hardness_alpha)
+                                         self.hardness_alpha, guide_scores, self.guide_margin)
 
     def _scored(self, *embeddings: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         """The embeddings in the space they are scored in: unit length for cosine similarity."""
@@ -205,12 +228,10 @@ class ContrastiveLoss(nn.Module, abc.ABC):
 class InfoNCELoss(ContrastiveLoss):
     """Cross-entropy of each query over [all positives + all hard negatives] of the (global) batch."""
 
-    def _loss(self, batch: GlobalBatch) -> LossOutput:
+    def _partition(self, batch: GlobalBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         query, candidates = self._scored(batch.query, batch.candidates)
         scores = query @ candidates.T
-        labels = torch.arange(query.shape[0], device=query.device) + batch.offset
-        loss, masked_share = self._cross_entropy(scores, labels)
-        return LossOutput(loss, scores.detach(), labels, masked_share=masked_share)
+        return scores, torch.arange(query.shape[0], device=query.device) + batch.offset, scores
 
 
 class GTELoss(ContrastiveLoss):
@@ -233,17 +254,18 @@ class GTELoss(ContrastiveLoss):
                  matryoshka_dims: Sequence[int] | None = None,
                  matryoshka_weights: Sequence[float] | None = None, quantization_aware: Sequence[str] = (),
                  quantization_weight: float = 1.0, false_negative_margin: float | None = None,
-                 hardness_alpha: float = 0.0) -> None:
+                 hardness_alpha: float = 0.0, guide: str | None = None, guide_margin: float = 0.0) -> None:
         super().__init__(temperature=temperature, gather_across_devices=gather_across_devices,
                          mini_batch_size=mini_batch_size, max_skipped_steps=max_skipped_steps, similarity=similarity,
                          matryoshka_dims=matryoshka_dims, matryoshka_weights=matryoshka_weights,
                          quantization_aware=quantization_aware, quantization_weight=quantization_weight,
-                         false_negative_margin=false_negative_margin, hardness_alpha=hardness_alpha)
+                         false_negative_margin=false_negative_margin, hardness_alpha=hardness_alpha, guide=guide,
+                         guide_margin=guide_margin)
         self.mask_own_negatives = mask_own_negatives
 
     needs_all_queries = True
 
-    def _loss(self, batch: GlobalBatch) -> LossOutput:
+    def _partition(self, batch: GlobalBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         query, positive, candidates, queries_all = self._scored(batch.query, batch.positive, batch.candidates,
                                                                 batch.queries_all)
         labels = torch.arange(query.shape[0], device=query.device) + batch.offset
@@ -254,9 +276,7 @@ class GTELoss(ContrastiveLoss):
         doc_query = _mask(positive @ queries_all.T, labels[:, None])
         doc_doc = _mask(positive @ candidates.T,
                         self._doc_doc_excluded(labels, queries_all.shape[0], batch.num_negatives))
-        loss, masked_share = self._cross_entropy(torch.cat([query_doc, query_query, doc_query, doc_doc], dim=1),
-                                                 labels)
-        return LossOutput(loss, query_doc.detach(), labels, masked_share=masked_share)
+        return torch.cat([query_doc, query_query, doc_query, doc_doc], dim=1), labels, query_doc
 
     def _doc_doc_excluded(self, labels: torch.Tensor, num_positives: int, k: int) -> torch.Tensor:
         """(B_local, n) candidate columns each local positive d_i is not compared with in doc->doc: itself, and with

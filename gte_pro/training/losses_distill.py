@@ -39,12 +39,14 @@ class _DistillationLoss(InfoNCELoss):
                  matryoshka_dims: Sequence[int] | None = None,
                  matryoshka_weights: Sequence[float] | None = None, allow_weak_teacher: bool = False,
                  quantization_aware: Sequence[str] = (), quantization_weight: float = 1.0,
-                 false_negative_margin: float | None = None, hardness_alpha: float = 0.0) -> None:
+                 false_negative_margin: float | None = None, hardness_alpha: float = 0.0, guide: str | None = None,
+                 guide_margin: float = 0.0) -> None:
         super().__init__(temperature=temperature, gather_across_devices=gather_across_devices,
                          mini_batch_size=mini_batch_size, max_skipped_steps=max_skipped_steps, similarity=similarity,
                          matryoshka_dims=matryoshka_dims, matryoshka_weights=matryoshka_weights,
                          quantization_aware=quantization_aware, quantization_weight=quantization_weight,
-                         false_negative_margin=false_negative_margin, hardness_alpha=hardness_alpha)
+                         false_negative_margin=false_negative_margin, hardness_alpha=hardness_alpha, guide=guide,
+                         guide_margin=guide_margin)
         self.weight_infonce = float(weight_infonce)
         # judged before the run starts (gte_pro.config.cross_keys.weak_teacher_problems); kept for the record
         self.allow_weak_teacher = bool(allow_weak_teacher)
@@ -104,13 +106,15 @@ class DistillKLLoss(_DistillationLoss):
                  similarity: str = "cosine", matryoshka_dims: Sequence[int] | None = None,
                  matryoshka_weights: Sequence[float] | None = None, allow_weak_teacher: bool = False,
                  quantization_aware: Sequence[str] = (), quantization_weight: float = 1.0,
-                 false_negative_margin: float | None = None, hardness_alpha: float = 0.0) -> None:
+                 false_negative_margin: float | None = None, hardness_alpha: float = 0.0, guide: str | None = None,
+                 guide_margin: float = 0.0) -> None:
         super().__init__(temperature=temperature, weight_infonce=weight_infonce, allow_weak_teacher=allow_weak_teacher,
                          gather_across_devices=gather_across_devices, mini_batch_size=mini_batch_size,
                          max_skipped_steps=max_skipped_steps, similarity=similarity, matryoshka_dims=matryoshka_dims,
                          matryoshka_weights=matryoshka_weights, quantization_aware=quantization_aware,
                          quantization_weight=quantization_weight,
-                         false_negative_margin=false_negative_margin, hardness_alpha=hardness_alpha)
+                         false_negative_margin=false_negative_margin, hardness_alpha=hardness_alpha, guide=guide,
+                         guide_margin=guide_margin)
         # a run resolves auto from the training file's teacher record (gte_pro.scoring.teacher_file, through
         # gte_pro.modes.build.module_config) before it builds the loss; built without a run, auto is that of a file
         # without a record
@@ -150,13 +154,15 @@ class MarginMSELoss(_DistillationLoss):
                  matryoshka_dims: Sequence[int] | None = None,
                  matryoshka_weights: Sequence[float] | None = None, allow_weak_teacher: bool = False,
                  quantization_aware: Sequence[str] = (), quantization_weight: float = 1.0,
-                 false_negative_margin: float | None = None, hardness_alpha: float = 0.0) -> None:
+                 false_negative_margin: float | None = None, hardness_alpha: float = 0.0, guide: str | None = None,
+                 guide_margin: float = 0.0) -> None:
         super().__init__(temperature=temperature, weight_infonce=weight_infonce, allow_weak_teacher=allow_weak_teacher,
                          gather_across_devices=gather_across_devices, mini_batch_size=mini_batch_size,
                          max_skipped_steps=max_skipped_steps, similarity=similarity, matryoshka_dims=matryoshka_dims,
                          matryoshka_weights=matryoshka_weights, quantization_aware=quantization_aware,
                          quantization_weight=quantization_weight,
-                         false_negative_margin=false_negative_margin, hardness_alpha=hardness_alpha)
+                         false_negative_margin=false_negative_margin, hardness_alpha=hardness_alpha, guide=guide,
+                         guide_margin=guide_margin)
 
     def distill(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
         teacher_margin = teacher[:, :1] - teacher[:, 1:]

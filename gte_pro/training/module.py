@@ -15,6 +15,7 @@ from gte_pro.evaluation.metrics import evaluate_distributed
 from gte_pro.evaluation.rows import ValidationRows
 from gte_pro.training.base_module import TrainingModule
 from gte_pro.training.gradcache import cached_loss
+from gte_pro.training.guide import Guide
 from gte_pro.training.losses import LossOutput, split_documents
 from gte_pro.training.telemetry import step_telemetry, telemetry_due
 
@@ -33,6 +34,8 @@ class ContrastiveModule(TrainingModule):
         self.eval_dims = tuple(eval_dims)  # ... and the first d dimensions of the embeddings, for each d
         self.telemetry_every_n_steps = telemetry_every_n_steps or 0  # telemetry/* every N steps (0: off)
         self._telemetry_step = -1  # the step last logged
+        # loss.guide (gte_pro.training.guide): loaded at fit start; a plain attribute, outside the module tree
+        self.guide: Guide | None = None
         # per validation dataloader: the signed ids and embeddings this rank computed
         self._val_rows: dict[int, ValidationRows] = {}
 
@@ -53,6 +56,10 @@ class ContrastiveModule(TrainingModule):
 
     def on_fit_start(self) -> None:
         super().on_fit_start()
+        name = getattr(self.loss, "guide", None)
+        if name and self.guide is None:  # once per module: lr_find and fit both start a fit
+            model = self.module_config["model"] if self.module_config else {}
+            self.guide = Guide.load(name, self.encoder, trust_remote_code=model.get("trust_remote_code") is True)
         if self.mini_batch_size and isinstance(getattr(self.trainer, "strategy", None), FSDPStrategy):
             # the replay re-runs the encoder inside backward and hands gradients to the parameter tensors of the
             # forward; FSDP gathers and frees sharded parameters around forward/backward itself
@@ -101,7 +108,7 @@ class ContrastiveModule(TrainingModule):
             return
         self._telemetry_step = step  # accumulated micro-batches share their step: the first one's figures
         figures = step_telemetry(out.scores, out.labels, out.query, out.positive, batch["num_negatives"],
-                                 batch.get("teacher_scores"), out.masked_share)
+                                 batch.get("teacher_scores"), out.masked_share, out.guide_masked_share)
         for logger in self.loggers:
             logger.log_metrics(figures, step=step)
 
@@ -109,6 +116,8 @@ class ContrastiveModule(TrainingModule):
         queries, docs, k = batch["query"], batch["doc"], batch["num_negatives"]
         # teacher scores (B, 1 + k) when the data has them: the distillation losses read them, the others ignore them
         extra = {"teacher_scores": batch["teacher_scores"]} if "teacher_scores" in batch else {}
+        if self.guide is not None:  # the guide's embeddings of the whole batch, once, in the student's chunks
+            extra["guide"] = self.guide.batch(batch, self.mini_batch_size)
         if self.mini_batch_size:
             # GradCache (gte_pro.training.gradcache): the same loss and gradients as below, in the activation memory of
             # mini_batch_size texts; its backward re-embeds the batch chunk by chunk

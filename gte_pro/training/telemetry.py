@@ -7,7 +7,9 @@ forward pass), logged every ``eval.telemetry_every_n_steps`` steps as ``telemetr
   Early in training it is high (random scores); it should fall. One that stays up or rises while mined negatives
   are in the batch hints at false negatives in the data: negatives that are in fact relevant.
 - ``masked_share`` (with ``loss.false_negative_margin``): the share of the loss's negative candidates that the step
-  left out of the softmax as false negatives (``gte_pro.training.partition``), as the loss saw them on this rank.
+  left out of the softmax as false negatives (``gte_pro.training.partition``), as the loss saw them on this rank;
+  ``guide_masked_share`` (with ``loss.guide``): the same for the guide's mask, a key of its own, so that with both
+  options on each share says what its own rule left out (a candidate both rules mask counts in both).
 - ``alignment`` (Wang & Isola, 2020, "Understanding Contrastive Representation Learning through Alignment and
   Uniformity on the Hypersphere", eq. for L_align with alpha = 2):  A = E_(x,y)~pos ||f(x) - f(y)||^2 over the
   batch's (query, positive) pairs, on unit vectors (0: every pair identical; 4: every pair opposite). Lower is better.
@@ -121,13 +123,17 @@ def teacher_spearman(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tens
 def step_telemetry(scores: torch.Tensor, labels: torch.Tensor, query: torch.Tensor | None,
                    positive: torch.Tensor | None, num_negatives: int,
                    teacher: torch.Tensor | None = None,
-                   masked_share: torch.Tensor | None = None) -> dict[str, float]:
+                   masked_share: torch.Tensor | None = None,
+                   guide_masked_share: torch.Tensor | None = None) -> dict[str, float]:
     """The telemetry figures of one step, named as logged; figures that are undefined this step (NaN: a single row,
     no teacher-scored row) are left out rather than logged as NaN. ``masked_share``: the loss's share of negative
-    candidates left out as false negatives (``loss.false_negative_margin``), logged as ``telemetry/masked_share``."""
+    candidates left out as false negatives (``loss.false_negative_margin``), logged as ``telemetry/masked_share``;
+    ``guide_masked_share``: the guide's (``loss.guide``), as ``telemetry/guide_masked_share``."""
     figures = {"telemetry/false_negative_rate": false_negative_rate(scores, labels)}
     if masked_share is not None:
         figures["telemetry/masked_share"] = masked_share
+    if guide_masked_share is not None:
+        figures["telemetry/guide_masked_share"] = guide_masked_share
     if query is not None and positive is not None:
         figures["telemetry/alignment"] = alignment(query, positive)
         figures["telemetry/uniformity"] = pair_uniformity(query, positive)

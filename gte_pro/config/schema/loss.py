@@ -13,6 +13,7 @@ from gte_pro.config.rules import (
     number,
     number_list,
     subset,
+    text,
 )
 from gte_pro.config.schema.types import FLAG, redefault, setting
 
@@ -57,6 +58,13 @@ class InfoNCESchema:
     hardness_alpha: float = setting(0.0, "hardness weighting: each negative's term weighted by a detached "
                                     "exp(alpha * score), normalised to mean 1 per query (LLaVE; EmbeddingGemma: 5); "
                                     "0: off, plain InfoNCE (docs/losses.md)", number(0))
+    guide: Any = setting(
+        None, "guided masking (GISTEmbed): a frozen embedder (hub name or folder) that embeds each batch too; a "
+        "candidate it scores above its score of the query's positive (minus guide_margin) leaves the softmax's "
+        "denominator; one more forward per step, no backward; null: off (docs/losses.md)", text(optional=True))
+    guide_margin: float = setting(0.0, "with loss.guide: mask the candidates with guide score > guide score of the "
+                                  "positive - guide_margin (sentence-transformers' GISTEmbedLoss, absolute margin); "
+                                  "larger masks more", number())
 
 
 @dataclass
