@@ -105,11 +105,12 @@ config-tables: install
 #   held-out set: float, int8 and binary NDCG@10, 3 seeds (docs/benchmarks.md; 25 min to 2 h on 2 shared cores)
 #   make bench-quantization ARGS="--variants plain,qat,qat-binary --steps 20 --override data.max_length=64"
 # bench-quality: the quality benchmark that decides: NDCG@10 of in-batch, mined (1/3/7 negatives), mined-7 with
-#   false-negative masking / hardness weighting / both / temperature 0.02, ensemble distillation, a greedy soup (needs
-#   mode=merge: reported as not available) and sentence-transformers' own mining + trainer, on the pydocs set and the
-#   stdcode set (stdlib docstring summary -> code); 1 full epoch of MiniLM, 3 seeds, mean ± std, a paired per-query
-#   bootstrap 95% interval vs mined-7, each pipeline's wall time; prints its planned duration first (a day or more on
-#   2 CPU cores at full size; --reuse fills the table over several sittings, --dry-run prints the commands)
+#   false-negative masking / hardness weighting / both / temperature 0.02, ensemble distillation, a greedy soup of the
+#   seeds' mined-7 runs (mode=merge, selected on the held-out split) and sentence-transformers' own mining + trainer,
+#   on the pydocs set and the stdcode set (stdlib docstring summary -> code); 1 full epoch of MiniLM, 3 seeds, mean ±
+#   std, a paired per-query bootstrap 95% interval vs mined-7, each pipeline's wall time; prints its planned duration
+#   first (a day or more on 2 CPU cores at full size; --reuse fills the table over several sittings, --dry-run prints
+#   the commands)
 #   make bench-quality ARGS="--sets pydocs --variants inbatch,mined-7,st-peer --seeds 1,2,3 --reuse"
 bench: bench-train
 

@@ -24,7 +24,10 @@ validation after the epoch only, no checkpoints), ``trainer.max_epochs=1`` (no s
   distill-ensemble   ``mode=score score.teacher=[<mined-7 seed A>/model,<seed B>/model]`` (the first two seeds) on
                      mined.jsonl, then ``experiment=distill`` (distill_kl + InfoNCE, 7 negatives) on its file,
                      loss.teacher_temperature=--ensemble-temperature
-  soup               a greedy soup of a sweep: ``mode=merge`` exists, the benchmark does not drive it yet
+  soup               ``mode=merge merge.method=greedy merge.models=[<mined-7 seed>/model,...]`` of every seed's
+                     finished mined-7 (>= 2), after them; greedy ranks and keeps members by the held-out split of
+                     mined.jsonl (optimized_metric=val/ndcg@10, data.val_distractors=10000, no eval.beir: never the
+                     test set); one run per set, its seeds column the number of members
   st-peer            sentence-transformers: ``util.mine_hard_negatives`` (7 negatives, range_min=10, range_max=50,
                      relative_margin=0.05, top) and its trainer with MultipleNegativesRankingLoss (scale 20), the same
                      model, lr, batch, epoch, seed and schedule; scored by our evaluation
@@ -34,21 +37,21 @@ NDCG@10 written out); their mean must equal the run's own ``val/<set>/ndcg@10`` 
 Per variant: mean +- sample std over seeds, the paired bootstrap (per query, each variant's scores averaged over its
 seeds, --resamples resamples of the queries, rng seed 0) 95% interval of its difference to mined-7, and its
 pipeline's wall time (its run, plus the mining where it uses mined negatives; distill-ensemble also its two
-members' runs and the scoring; st-peer its mining, training and evaluation). Over sets: means of the per-set figures,
-the interval from the queries of each set resampled within the set. A failed run is reported with its reason.
+members' runs and the scoring; st-peer its mining, training and evaluation; the soup its merge and evaluation, its
+members' runs and the mining). Over sets: means of the per-set figures, the interval from the queries of each set
+resampled within the set. A failed run is reported with its reason.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
-import time
 from pathlib import Path
 
 import harness
 import quality_runs as q
+import quality_soup
 from harness import Column, Result
 from pydocs_runs import (
     add_arguments,
@@ -59,7 +62,6 @@ from pydocs_runs import (
     paired_bootstrap,
     planned_duration,
     print_report,
-    recorded,
     recorded_run,
     save,
     train_recorded,
@@ -68,8 +70,8 @@ from pydocs_runs import (
 )
 from quality_sets import SETS, build_set, sizes
 
-SOUP = "not available: the benchmark does not drive mode=merge (merge.method=greedy) yet"
 LATE = ("distill-ensemble",)  # after every seed's mined-7: its members
+SCORED_AFTER = ("st-peer", "soup")  # their test figure is the per-query evaluation's: its time is the pipeline's
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -88,8 +90,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.set_list = args.sets.split(",")
     if unknown := sorted(set(args.set_list) - set(SETS)):
         parser.error(f"--sets: unknown {', '.join(unknown)}; valid choices: {', '.join(SETS)}")
-    if "distill-ensemble" in args.variant_list and q.REFERENCE not in args.variant_list:
-        parser.error("--variants: distill-ensemble needs mined-7 (its members)")
+    for needs in ("distill-ensemble", "soup"):
+        if needs in args.variant_list and q.REFERENCE not in args.variant_list:
+            parser.error(f"--variants: {needs} needs mined-7 (its members)")
     args.override = [f"data.max_length={args.max_length}", *args.override]
     return args
 
@@ -112,13 +115,17 @@ def plan(args: argparse.Namespace, name: str, data: Path) -> list[tuple[list[str
 
     steps = [(untrained_command(a, data), q.runs(a) / "untrained.json", start + enc(test)),
              (q.mine_command(a, data), q.runs(a) / "mine.json", start + enc(2 * rows))]
-    early = [v for v in args.variant_list if v not in LATE and v != "soup"]
+    early = [v for v in args.variant_list if v not in LATE and v != quality_soup.VARIANT]
     for seed in args.seed_list:
         for v in early:
             k = q.NUM_NEGATIVES.get(v, q.NEGATIVES)
             cmd = q.st_peer_command(seed, a, data) if v == "st-peer" else q.train_command(v, seed, a, data)
             steps.append((cmd, q.run_dir(v, seed, a).with_suffix(".json"), student(k) + enc(2 * rows)
                           * (v == "st-peer")))
+    if quality_soup.VARIANT in args.variant_list and len(args.seed_list) > 1:
+        k = len(args.seed_list)  # each member validated, greedy's k - 1 candidate soups, then the test set once
+        steps.append((q.soup_command(a, args.seed_list), q.soup_dir(a).with_suffix(".json"),
+                      2 * start + (2 * k - 1) * enc(1.1 * rows) + enc(test)))
     if "distill-ensemble" in args.variant_list:
         steps.append((q.score_command(a), q.runs(a) / "score.json", start + enc(2 * rows) * len(q.members(a))))
         steps += [(q.train_command("distill-ensemble", s, a, data),
@@ -143,24 +150,6 @@ def with_per_query(result: Result, command: list[str], a: argparse.Namespace, da
     return result
 
 
-def run_peer(seed: int, a: argparse.Namespace, data: Path) -> Result:
-    row, folder = {"variant": "st-peer", "seed": seed}, q.run_dir("st-peer", seed, a)
-    command, record = q.st_peer_command(seed, a, data), folder.with_suffix(".json")
-    if (kept := recorded(command, record, a)) is not None or a.report:
-        return kept if kept is not None else {**row, "not_run": True}
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    print(f"$ {' '.join(command[:4])} <payload>", flush=True)
-    start = time.perf_counter()
-    got = harness.run_child(q.st_peer, q.st_peer_payload(seed, a, data), folder, a.timeout)
-    result = {**row, **got, "wall_s": time.perf_counter() - start}
-    if "error" not in got:
-        checked = q.per_query(a, data, folder, None)
-        result.update(checked, ndcg=checked.get("eval_ndcg"))
-        keep(command, record, result)
-    return result
-
-
 def run_set(args: argparse.Namespace, name: str) -> tuple[list[Result], dict[str, Result], float | None]:
     a = q.set_args(args, name)
     data = build_set(name, Path(args.workdir) / "sets", args.max_train, args.max_test)
@@ -170,20 +159,20 @@ def run_set(args: argparse.Namespace, name: str) -> tuple[list[Result], dict[str
 
     def one(variant: str, seed: int) -> Result:
         row = {"variant": variant, "seed": seed}
-        if variant == "soup":
-            return {**row, "skipped": SOUP}
         failed = next((s for s in ("mine", "score") if "error" in steps.get(s, {})
                        and (s == "mine" or variant in LATE)), None)
         if failed and not args.report:
             return {**row, "error": f"{failed} failed: {steps[failed]['error']}"}
         if variant == "st-peer":
-            return run_peer(seed, a, data)
+            return q.run_peer(seed, a, data)
         command, folder = q.train_command(variant, seed, a, data), q.run_dir(variant, seed, a)
         got = train_recorded(command, folder, row, a, lambda done: read_ours(data, done))
         return with_per_query(got, command, a, data, folder)
 
-    early = [v for v in args.variant_list if v not in LATE]
+    early = [v for v in args.variant_list if v not in LATE and v != quality_soup.VARIANT]
     rows = [one(v, s) for s in args.seed_list for v in early]
+    if quality_soup.VARIANT in args.variant_list:  # after its members, the seeds' mined-7 runs
+        rows.append(quality_soup.run_soup(a, data, rows))
     if any(v in LATE for v in args.variant_list):
         if len(q.members(a)) < 2:
             steps["score"] = {"error": "the ensemble needs 2 seeds (its members: mined-7 of the first two)"}
@@ -196,13 +185,16 @@ def run_set(args: argparse.Namespace, name: str) -> tuple[list[Result], dict[str
 
 def pipeline_s(variant: str, done: list[Result], steps: dict[str, Result], rows: list[Result],
                members: list[int]) -> float:
-    """A variant's mean run plus the one-off steps it needs (st-peer: its mining and training, plus evaluation)."""
-    own = statistics.mean((r.get("wall_s") or 0.0) + (r.get("eval_s") or 0.0) * (variant == "st-peer") for r in done)
-    once = 0.0
-    if variant.startswith("mined") or variant in LATE:
+    """A variant's mean run plus the one-off steps it needs (st-peer: its mining and training, plus evaluation; the
+    soup: its merge and evaluation, its members' runs and the mining)."""
+    own = statistics.mean((r.get("wall_s") or 0.0) + (r.get("eval_s") or 0.0) * (variant in SCORED_AFTER)
+                          for r in done)
+    once, built = 0.0, variant in (*LATE, quality_soup.VARIANT)  # on mined-7 runs: its members
+    if variant.startswith("mined") or built:
         once += steps.get("mine", {}).get("wall_s") or 0.0
-    if variant in LATE:
-        once += (steps.get("score", {}).get("wall_s") or 0.0) + sum(
+    if built:
+        members = done[0]["members"] if variant == quality_soup.VARIANT else members
+        once += (steps.get("score", {}).get("wall_s") or 0.0) * (variant in LATE) + sum(
             r.get("wall_s") or 0.0 for r in rows if r["variant"] == q.REFERENCE and r["seed"] in members)
     return own + once
 
@@ -228,6 +220,8 @@ def summarize(rows: list[Result], args: argparse.Namespace, steps: dict[str, dic
                           "per_seed": ", ".join(f"{r['seed']}: {r['ndcg']:.4f}" for r in done),
                           "pipeline_s": pipeline_s(variant, done, steps[name],
                                                        [r for r in rows if r["set"] == name], args.seed_list[:2])})
+            if variant == quality_soup.VARIANT:  # one run of len(members) models: no spread over seeds
+                table[-1].update(n=len(done[0]["members"]), std=None, per_seed=quality_soup.seeds_text(done[0]))
     for variant in args.variant_list:
         per_set = [r for r in table if r["variant"] == variant and "mean" in r]
         if len(args.set_list) > 1 and len(per_set) == len(args.set_list):

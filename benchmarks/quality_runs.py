@@ -1,18 +1,22 @@
 """bench_quality.py's commands, one set at a time: the mining, the variants' ``train.py`` runs, the ensemble's
-scoring, the per-query evaluation of each exported model, and the peer (sentence-transformers' own mining and
-trainer, ``st_peer``, run in a fresh process by ``harness.run_child``)."""
+scoring, the greedy soup's merge, the per-query evaluation of each exported model, and the peer
+(sentence-transformers' own mining and trainer, ``st_peer``, run in a fresh process by ``harness.run_child``:
+``run_peer``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import harness
 from harness import Result
-from pydocs_runs import common_overrides
+from pydocs_runs import common_overrides, keep, recorded
 
 REFERENCE = "mined-7"
 NEGATIVES = 7  # mined once per set; data.num_negatives=K draws K of a row's 7 (seeded by seed, row and epoch)
@@ -25,6 +29,7 @@ OURS = {"inbatch": ["data.num_negatives=0"], "mined-1": ["data.num_negatives=1"]
         "mined-7-both": ["data.num_negatives=7", FNM, HARD],
         "mined-7-t0.02": ["data.num_negatives=7", "loss.temperature=0.02"]}
 VARIANTS = (*OURS, "distill-ensemble", "soup", "st-peer")
+SOUP_VALIDATION = ("data.val_distractors=10000", "optimized_metric=val/ndcg@10")  # the held-out split, not the test
 NUM_NEGATIVES = {"inbatch": 0, "mined-1": 1, "mined-3": 3, "distill-ensemble": NEGATIVES, "st-peer": NEGATIVES}
 
 
@@ -68,6 +73,24 @@ def score_command(a: argparse.Namespace) -> list[str]:
         f"hydra.run.dir={runs(a) / 'score'}", *a.override)
 
 
+def soup_dir(a: argparse.Namespace) -> Path:
+    """The soup's run folder: one per set, not per seed (its members are the seeds' mined-7 runs)."""
+    return runs(a) / "soup"
+
+
+def soup_command(a: argparse.Namespace, seeds: Sequence[int]) -> list[str]:
+    """``mode=merge merge.method=greedy`` of the mined-7 models of ``seeds``. Greedy ranks and accepts members by
+    ``optimized_metric`` = val/ndcg@10, which is the held-out split of mined.jsonl (the 5% of its queries that every
+    member held out, picked by a hash of the query) searched over the default 10,000 training distractors (here
+    every training document): the members' own validation (data.val_distractors=0) is too easy to rank them. No
+    eval.beir: the test set takes no part in the selection (quality_eval.py scores the soup on it afterwards)."""
+    models = ",".join(str(run_dir(REFERENCE, seed, a) / "model") for seed in seeds)
+    return harness.train_command(
+        "mode=merge", "merge.method=greedy", f"merge.models=[{models}]", f"model={a.model}", "data=jsonl",
+        f"data.train_file={mined_file(a)}", *SOUP_VALIDATION, "export.hf=false", "export.model_card=false",
+        f"paths.cache_dir={Path(a.workdir) / 'cache'}", f"hydra.run.dir={soup_dir(a)}", *a.override)
+
+
 def train_command(variant: str, seed: int, a: argparse.Namespace, data: Path) -> list[str]:
     base = common_overrides(a, data)
     if variant == "distill-ensemble":  # experiment=distill: data=jsonl, loss=distill_kl, 7 negatives
@@ -108,6 +131,25 @@ def per_query(a: argparse.Namespace, data: Path, folder: Path, own: float | None
     return check
 
 
+def run_peer(seed: int, a: argparse.Namespace, data: Path) -> Result:
+    """The peer at ``seed`` in a fresh process (or its kept result), scored by ``per_query``."""
+    row, folder = {"variant": "st-peer", "seed": seed}, run_dir("st-peer", seed, a)
+    command, record = st_peer_command(seed, a, data), folder.with_suffix(".json")
+    if (kept := recorded(command, record, a)) is not None or a.report:
+        return kept if kept is not None else {**row, "not_run": True}
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    print(f"$ {' '.join(command[:4])} <payload>", flush=True)
+    start = time.perf_counter()
+    got = harness.run_child(st_peer, st_peer_payload(seed, a, data), folder, a.timeout)
+    result = {**row, **got, "wall_s": time.perf_counter() - start}
+    if "error" not in got:
+        checked = per_query(a, data, folder, None)
+        result.update(checked, ndcg=checked.get("eval_ndcg"))
+        keep(command, record, result)
+    return result
+
+
 def st_peer_payload(seed: int, a: argparse.Namespace, data: Path) -> dict[str, Any]:
     return {"train_file": str(data / "train.jsonl"), "out": str(run_dir("st-peer", seed, a)), "seed": seed,
             "model": a.model, "lr": a.lr, "batch_size": a.batch_size, "max_length": a.max_length,
@@ -127,7 +169,6 @@ def st_peer(payload: dict[str, Any]) -> Result:
     ``SentenceTransformerTrainer`` + ``MultipleNegativesRankingLoss`` (scale 1 / 0.05 = 20, as our temperature),
     our lr, batch, epochs, seed and schedule; the model saved to ``<out>/model`` for our evaluation."""
     import os
-    import time
     from types import SimpleNamespace
 
     os.environ.setdefault("TQDM_DISABLE", "1")
