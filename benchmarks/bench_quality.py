@@ -21,6 +21,7 @@ validation after the epoch only, no checkpoints), ``trainer.max_epochs=1`` (no s
   mined-1/-3/-7      data.num_negatives=1/3/7 (mined-7 is the reference of every interval)
   mined-7-fnm        + loss.false_negative_margin=0.1      mined-7-hard   + loss.hardness_alpha=5
   mined-7-both       + both                                mined-7-t0.02  loss.temperature=0.02
+  mined-7-gist       + loss.guide=all-mpnet-base-v2 (GISTEmbed's guided masking; ``make fetch-mpnet`` first)
   distill-ensemble   ``mode=score score.teacher=[<mined-7 seed A>/model,<seed B>/model]`` (the first two seeds) on
                      mined.jsonl, then ``experiment=distill`` (distill_kl + InfoNCE, 7 negatives) on its file,
                      loss.teacher_temperature=--ensemble-temperature

