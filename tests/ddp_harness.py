@@ -154,3 +154,18 @@ def loss_ranks_main(rank: int, world: int, port: int, out: str, batch: int, opti
     finally:
         dist.destroy_process_group()
 
+
+
+def assert_ranks_equal_one_process(tmp_path: Path, batch: int, options: dict[str, tuple],
+                                   loss_and_grads: Callable[..., tuple[torch.Tensor, list[torch.Tensor]]]) -> dict:
+    """Each of ``options`` over 2 gloo ranks (``loss_ranks_main``) gives one process's loss on the whole ``batch``,
+    and every rank's gradients (of the mean over ranks: half of each) its gradients; returns the ranks' results."""
+    out = tmp_path / "ddp.pt"
+    spawn_ranks(loss_ranks_main, (2, free_port(), str(out), batch, options, loss_and_grads), tmp_path)
+    distributed = torch.load(out)
+    for key, args in options.items():
+        loss, grads = loss_and_grads(slice(0, batch), *args)
+        assert abs(distributed[key]["loss"].item() - loss.item()) <= 1e-12 * abs(loss.item()), key
+        for mine, theirs in zip(distributed[key]["grads"], grads, strict=True):
+            torch.testing.assert_close(mine / 2, theirs, rtol=1e-10, atol=1e-12, msg=key)
+    return distributed

@@ -186,17 +186,9 @@ def _loss_and_grads(rows: slice, name: str, margin: float | None, alpha: float):
 
 
 def test_two_ranks_equal_one_process_on_the_whole_batch(tmp_path):
-    from tests.conftest import free_port
-    from tests.ddp_harness import loss_ranks_main, spawn_ranks
+    from tests.ddp_harness import assert_ranks_equal_one_process
 
-    out = tmp_path / "ddp.pt"
-    spawn_ranks(loss_ranks_main, (2, free_port(), str(out), BATCH, OPTIONS, _loss_and_grads), tmp_path)
-    distributed = torch.load(out)
-    for key, options in OPTIONS.items():
-        loss, grads = _loss_and_grads(slice(0, BATCH), *options)
-        assert distributed[key]["loss"].item() == pytest.approx(loss.item(), rel=1e-12), key
-        for mine, theirs in zip(distributed[key]["grads"], grads, strict=True):
-            torch.testing.assert_close(mine / 2, theirs, rtol=1e-10, atol=1e-12, msg=key)
+    assert_ranks_equal_one_process(tmp_path, BATCH, OPTIONS, _loss_and_grads)
 
 
 @pytest.mark.parametrize("loss_cls", [InfoNCELoss, GTELoss])
