@@ -53,9 +53,10 @@ class Guide:
     def load(cls, name_or_path: str, student: Encoder, trust_remote_code: bool = False) -> Guide:
         """The guide at ``name_or_path``, reading texts up to the student's ``max_length`` (or its own tokenizer's
         limit, if lower); one padded pass per batch (``length_chunks=1``), so that a text's guide embedding does not
-        depend on which rows share its chunk."""
+        depend on which rows share its chunk; its attention the model's own (sdpa where it has it: no warning for a
+        guide such as MPNet that has none, since a user cannot choose a guide's attention)."""
         encoder = Encoder.load(name_or_path, max_length=student.max_length, trust_remote_code=trust_remote_code,
-                               length_chunks=1)
+                               length_chunks=1, attn_implementation=None)
         encoder.max_length = min(encoder.max_length, int(encoder.tokenizer.model_max_length))
         return cls(encoder, student.tokenizer, student.max_length)
 
