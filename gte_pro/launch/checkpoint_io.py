@@ -50,6 +50,7 @@ class _RecordedWrites:
 
     def __init__(self, file: Any) -> None:
         self.file = file
+        self.name = file.name  # what a file object answers; fault harnesses pick checkpoint writes by it
         self.error: OSError | None = None
 
     def write(self, data: Any) -> int:
