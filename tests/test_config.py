@@ -31,7 +31,7 @@ def test_reranker_options_compose_with_task_rerank_and_pass_the_checks(make_cfg,
     extra = ["model.name_or_path=/somewhere"] if option == "cross_encoder" else []
     cfg = make_cfg(["task=rerank", f"model={option}", *extra])
     assert cfg.model._target_ == "gte_pro.models.cross_encoder.CrossEncoder.load" and cfg.model.lr > 0
-    assert cfg.loss._target_ == "gte_pro.training.losses_rerank.ListwiseLoss" and cfg.data.num_negatives == 7
+    assert cfg.loss._target_ == "gte_pro.training.losses.ListwiseLoss" and cfg.data.num_negatives == 7
     assert config_problems(cfg) == []
 
 

@@ -23,8 +23,7 @@ import torch.nn.functional as F
 
 from gte_pro.errors import ConfigError
 from gte_pro.train import train
-from gte_pro.training.losses import InfoNCELoss
-from gte_pro.training.losses_distill import DistillKLLoss, MarginMSELoss
+from gte_pro.training.losses import DistillKLLoss, InfoNCELoss, MarginMSELoss
 from gte_pro.training.module import ContrastiveModule
 from tests.conftest import write_jsonl
 from tests.test_gradcache import _batch, _encoder, _take_grads

@@ -2,7 +2,7 @@
 1 process x batch 2B, with and without GradCache (loss.mini_batch_size), the InfoNCE term gathered across ranks.
 
 Every slot has a teacher score here: with unscored (NaN) slots each rank averages over its own scored slots, which
-equals the global mean only when the ranks hold equally many (see gte_pro/training/losses_distill.py)."""
+equals the global mean only when the ranks hold equally many (see gte_pro/training/losses/distillation.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ TEACHER = torch.tensor([[3.0 - 0.1 * i, 1.0 + 0.2 * i, -0.5 * i] for i in range(
 
 
 def _loss(name: str, mini_batch_size: int | None):
-    from gte_pro.training.losses_distill import DistillKLLoss, MarginMSELoss
+    from gte_pro.training.losses import DistillKLLoss, MarginMSELoss
 
     return {"distill_kl": DistillKLLoss, "margin_mse": MarginMSELoss}[name](
         temperature=0.05, weight_infonce=0.5, mini_batch_size=mini_batch_size)

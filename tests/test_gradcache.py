@@ -36,8 +36,8 @@ from gte_pro.train import train
 from gte_pro.training import gradcache
 from gte_pro.training.gradcache import cached_loss, cached_step, split_features
 from gte_pro.training.losses import GTELoss, InfoNCELoss, LossOutput, split_documents
+from gte_pro.training.losses.partition import at_least_fp32
 from gte_pro.training.module import ContrastiveModule
-from gte_pro.training.partition import at_least_fp32
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
         "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}

@@ -129,7 +129,7 @@ def test_off_is_the_plain_loss_bit_for_bit(loss_cls):
 
 
 def test_the_guide_masks_every_width_and_the_distillation_losses_in_batch_term():
-    from gte_pro.training.losses_distill import DistillKLLoss
+    from gte_pro.training.losses import DistillKLLoss
 
     q, pos, neg = _inputs(2)
     guide = _guide_inputs(2)

@@ -38,7 +38,7 @@ def test_the_loss_is_the_weighted_sum_over_truncated_embeddings(loss_cls):
 def test_the_embeddings_are_gathered_once_at_full_width(monkeypatch: pytest.MonkeyPatch, loss_cls, gathers: int):
     """Under DDP each gather is a collective: positives, negatives (and gte's queries) once a step, not once per
     Matryoshka dimension."""
-    import gte_pro.training.losses as losses
+    import gte_pro.training.losses.contrastive as losses
 
     calls = []
     monkeypatch.setattr(losses, "gather_with_grad", lambda x: (calls.append(x.shape[-1]), (x, 0))[1])

@@ -1,4 +1,4 @@
-"""False-negative masking and hardness weighting (gte_pro.training.partition): against loop references written
+"""False-negative masking and hardness weighting (gte_pro.training.losses.partition): against loop references written
 from the formulas, known answers worked by hand, off = plain InfoNCE bit for bit, exact under 2 gloo ranks and
 under GradCache, composed with GTE, Matryoshka and the distillation losses, and refused when out of range."""
 
@@ -20,7 +20,8 @@ TAU = 0.05
 
 def reference_softmax_ce(terms: list[torch.Tensor], positive: int, tau: float, margin: float | None,
                          alpha: float) -> torch.Tensor:
-    """One row's loss from its raw similarities, term by term, as the formulas in gte_pro/training/partition.py."""
+    """One row's loss from its raw similarities, term by term, as the formulas in
+    gte_pro/training/losses/partition.py."""
     s_pos = terms[positive]
     negatives = [s for j, s in enumerate(terms) if j != positive]
     if margin is not None:
@@ -145,7 +146,7 @@ def test_a_row_whose_negatives_are_all_masked_gives_finite_gradients():
 
 
 def test_they_compose_with_matryoshka_and_with_the_distillation_losses_in_batch_term():
-    from gte_pro.training.losses_distill import DistillKLLoss
+    from gte_pro.training.losses import DistillKLLoss
 
     q, pos, neg = _inputs(2)
     options = {"false_negative_margin": 0.1, "hardness_alpha": 5.0}

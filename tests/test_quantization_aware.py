@@ -18,7 +18,7 @@ from gte_pro.export.quantization import QUANTIZATION_FILE, load_quantization
 from gte_pro.train import train
 from gte_pro.training.gradcache import cached_loss
 from gte_pro.training.losses import GTELoss, InfoNCELoss, split_documents
-from gte_pro.training.quantization_aware import RANGE_MOMENTUM
+from gte_pro.training.losses.quantization_aware import RANGE_MOMENTUM
 from tests.test_gradcache import _batch, _encoder, _take_grads
 
 DIM = 32

@@ -22,7 +22,7 @@ from gte_pro.models.encoder import Encoder
 from gte_pro.models.pairs import PairTemplate
 from gte_pro.retrieval import RetrievalSet, rank_corpus
 from gte_pro.train import train
-from gte_pro.training.losses_rerank import ListwiseLoss, PointwiseBCELoss
+from gte_pro.training.losses import ListwiseLoss, PointwiseBCELoss
 from gte_pro.training.rerank_validation import (
     gather_pair_scores,
     reranked,
@@ -293,7 +293,7 @@ def test_a_stopped_rerank_run_resumes_to_bit_identical_weights(make_cfg, tmp_pat
 @pytest.mark.parametrize(("overrides", "message"), [
     (["task=rerank", "model=tiny"], "task=rerank trains a cross-encoder: choose model=reranker_minilm"),
     (["task=rerank", "loss=infonce"], "task=rerank needs a reranking loss: loss=listwise or loss=pointwise_bce"),
-    (["loss=listwise"], "task=embed trains an embedder; gte_pro.training.losses_rerank.ListwiseLoss"),
+    (["loss=listwise"], "task=embed trains an embedder; gte_pro.training.losses.ListwiseLoss"),
     (["model=reranker_tiny"], "add task=rerank"),
     (["task=rerank", "mode=mine"], "mode=mine: task=rerank runs mode=train or mode=eval"),
     (["task=rerank", "data.remine.every_n_epochs=1"], "data.remine: re-mining refreshes an embedder's negatives"),

@@ -35,7 +35,7 @@ def mix_problems(cfg: DictConfig) -> list[str]:
 
 
 CROSS_ENCODER = "gte_pro.models.cross_encoder.CrossEncoder.load"
-RERANK_LOSSES = "gte_pro.training.losses_rerank."
+RERANK_LOSSES = {"gte_pro.training.losses.ListwiseLoss", "gte_pro.training.losses.PointwiseBCELoss"}
 
 
 def task_problems(cfg: DictConfig) -> list[str]:
@@ -51,7 +51,7 @@ def task_problems(cfg: DictConfig) -> list[str]:
             "a cross-encoder: choose model=reranker_minilm, reranker_tiny, gte_reranker_modernbert, "
             "gte_multilingual_reranker, bge_reranker_base or cross_encoder model.name_or_path=..." if rerank else
             f"an embedder, and {model} is a reranker: add task=rerank, or choose an embedder (model=minilm, ...)"))
-    if isinstance(loss, str) and loss.startswith(RERANK_LOSSES) != rerank:
+    if isinstance(loss, str) and (loss in RERANK_LOSSES) != rerank:
         problems.append(f"loss: task={task} " + ("needs a reranking loss: loss=listwise or loss=pointwise_bce"
                                                    if rerank else f"trains an embedder; {loss} is a reranker's loss"))
     if rerank and cfg.get("mode", "train") not in ("train", "eval"):
@@ -132,8 +132,8 @@ def mine_window_problems(cfg: DictConfig) -> list[str]:
     return []
 
 
-DISTILL_LOSSES = {"gte_pro.training.losses_distill.DistillKLLoss": "distill_kl",
-                  "gte_pro.training.losses_distill.MarginMSELoss": "margin_mse"}
+DISTILL_LOSSES = {"gte_pro.training.losses.DistillKLLoss": "distill_kl",
+                  "gte_pro.training.losses.MarginMSELoss": "margin_mse"}
 # data sources whose rows never carry teacher scores
 UNSCORED_SOURCES = {"gte_pro.data.demo.DemoDataModule": "demo", "gte_pro.data.beir.BeirDataModule": "beir"}
 JSONL_SOURCE = "gte_pro.data.jsonl.JsonlDataModule"

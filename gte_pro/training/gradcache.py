@@ -48,7 +48,7 @@ import torch
 
 from gte_pro.errors import ConfigError
 from gte_pro.training.losses import GuideEmbeddings, LossOutput, split_documents
-from gte_pro.training.partition import at_least_fp32
+from gte_pro.training.losses.partition import at_least_fp32
 
 Features = Mapping[str, torch.Tensor]
 Gradients = list[torch.Tensor | None]

@@ -1,5 +1,6 @@
 """The guide model of ``loss.guide`` (GISTEmbed, Solatorio 2024; sentence-transformers' ``GISTEmbedLoss``): a frozen
-embedder whose similarities decide which in-batch candidates are false negatives (``gte_pro.training.partition``).
+embedder whose similarities decide which in-batch candidates are false negatives
+(``gte_pro.training.losses.partition``).
 
 The training module holds it outside its module tree (not in the state dict, not trained, not exported, not moved
 by Lightning): eval mode, no gradients, on the device of the batch. Each step it embeds the step's queries and

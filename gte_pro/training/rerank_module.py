@@ -29,9 +29,9 @@ log = logging.getLogger(__name__)
 
 
 class RerankModule(TrainingModule):
-    """``encoder`` is a ``gte_pro.models.cross_encoder.CrossEncoder``; ``loss`` one of
-    ``gte_pro.training.losses_rerank``. ``retriever``: where validation's candidates come from (an embedder's path
-    or hub name, or ``rows``), ``rerank_depth`` of them per query."""
+    """``encoder`` is a ``gte_pro.models.cross_encoder.CrossEncoder``; ``loss`` a reranker's loss
+    (``gte_pro.training.losses.listwise``, ``.pointwise_bce``). ``retriever``: where validation's candidates come from
+    (an embedder's path or hub name, or ``rows``), ``rerank_depth`` of them per query."""
 
     def __init__(self, *args: Any, retriever_batch_size: int, retriever: str | None = None, rerank_depth: int = 100,
                  retriever_max_length: int | None = None, **kwargs: Any) -> None:

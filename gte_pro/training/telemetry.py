@@ -7,7 +7,7 @@ forward pass), logged every ``eval.telemetry_every_n_steps`` steps as ``telemetr
   Early in training it is high (random scores); it should fall. One that stays up or rises while mined negatives
   are in the batch hints at false negatives in the data: negatives that are in fact relevant.
 - ``masked_share`` (with ``loss.false_negative_margin``): the share of the loss's negative candidates that the step
-  left out of the softmax as false negatives (``gte_pro.training.partition``), as the loss saw them on this rank;
+  left out of the softmax as false negatives (``gte_pro.training.losses.partition``), as the loss saw them on this rank;
   ``guide_masked_share`` (with ``loss.guide``): the same for the guide's mask, a key of its own, so that with both
   options on each share says what its own rule left out (a candidate both rules mask counts in both).
 - ``alignment`` (Wang & Isola, 2020, "Understanding Contrastive Representation Learning through Alignment and

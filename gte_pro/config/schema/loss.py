@@ -79,9 +79,9 @@ class GTESchema(InfoNCESchema):
 
 @dataclass
 class MarginMSESchema(InfoNCESchema):
-    """MarginMSE from teacher scores (conf/loss/margin_mse.yaml, gte_pro/training/losses_distill.py)."""
+    """MarginMSE from teacher scores (conf/loss/margin_mse.yaml, gte_pro/training/losses/margin_mse.py)."""
 
-    _target_: str = "gte_pro.training.losses_distill.MarginMSELoss"
+    _target_: str = "gte_pro.training.losses.MarginMSELoss"
     # sentence-transformers' MarginMSELoss scores with the dot product (= cosine for a normalising encoder)
     similarity: str = redefault(InfoNCESchema, "similarity", "dot")
     weight_infonce: float = setting(0.0, "plus this times InfoNCE's in-batch term (temperature scales that term "
@@ -95,7 +95,7 @@ class MarginMSESchema(InfoNCESchema):
 class DistillKLSchema(MarginMSESchema):
     """FlagEmbedding's KL distillation from teacher scores (conf/loss/distill_kl.yaml)."""
 
-    _target_: str = "gte_pro.training.losses_distill.DistillKLLoss"
+    _target_: str = "gte_pro.training.losses.DistillKLLoss"
     temperature: float = redefault(InfoNCESchema, "temperature", 0.02)  # the student's, in both terms
     similarity: str = redefault(InfoNCESchema, "similarity", "cosine")
     teacher_temperature: Any = setting("auto", "softmax(teacher scores / teacher_temperature); auto: by the "
@@ -109,7 +109,7 @@ class DistillKLSchema(MarginMSESchema):
 class ListwiseSchema:
     """task=rerank: softmax cross-entropy over each row's positive and hard negatives (conf/loss/listwise.yaml)."""
 
-    _target_: str = "gte_pro.training.losses_rerank.ListwiseLoss"
+    _target_: str = "gte_pro.training.losses.ListwiseLoss"
     temperature: float = setting(1.0, "the logits are divided by it before the softmax; 1: FlagEmbedding's "
                                  "reranker", number(0, open_low=True))
     max_skipped_steps: int = redefault(InfoNCESchema, "max_skipped_steps", 10)
@@ -119,7 +119,7 @@ class ListwiseSchema:
 class PointwiseBCESchema:
     """task=rerank: binary cross-entropy on each pair (conf/loss/pointwise_bce.yaml)."""
 
-    _target_: str = "gte_pro.training.losses_rerank.PointwiseBCELoss"
+    _target_: str = "gte_pro.training.losses.PointwiseBCELoss"
     pos_weight: float | None = setting(None, "weight of the positive pairs (null: 1); with k negatives per positive, "
                                        "k balances the classes", number(0, open_low=True, optional=True))
     max_skipped_steps: int = redefault(InfoNCESchema, "max_skipped_steps", 10)

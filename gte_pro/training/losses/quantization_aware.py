@@ -1,6 +1,11 @@
-"""Quantization-aware training (``loss.quantization_aware``): the contrastive loss also on the int8 and/or binary
-embeddings that ``eval.quantization`` ranks (``gte_pro.evaluation.quantize``, sentence-transformers'
-``quantize_embeddings``), so that the embedding is trained for the quantized space beside the float one.
+"""Quantization-aware training (``loss.quantization_aware``): a wrapper around any contrastive loss that adds the
+loss on the int8 and/or binary embeddings that ``eval.quantization`` ranks (``gte_pro.evaluation.quantize``,
+sentence-transformers' ``quantize_embeddings``), so that the embedding is trained for the quantized space beside
+the float one:
+
+    L = L_float(batch) + quantization_weight * sum_p L_inner(batch quantized to precision p)
+
+``L_float`` is the loss as configured (at every Matryoshka width); ``L_inner`` the loss at full width only.
 
 - The quantized values in the forward pass are exactly ``quantize``'s: ``x > 0`` -> +-1 for binary; for int8
   ``floor((x - min) / step)`` clipped to 0..255, minus 128, with per-dimension [min, max] ranges.
@@ -20,12 +25,14 @@ embeddings that ``eval.quantization`` ranks (``gte_pro.evaluation.quantize``, se
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
 
 from gte_pro.evaluation.quantize import QUANTIZATIONS
+from gte_pro.training.losses.batch import GlobalBatch, LossOutput
 from gte_pro.utils.distributed import is_distributed
 
 STEP_FLOOR = 0.1  # in the int8 backward pass, no step counts as smaller than this x the median step
@@ -97,8 +104,9 @@ def score_scale(documents: torch.Tensor, precision: str, ranges: torch.Tensor) -
     return norms.mean().clamp(min=1.0)
 
 
-def quantized_batch(batch: Any, precision: str, ranges: torch.Tensor) -> Any:
-    """A ``GlobalBatch`` (gte_pro.training.losses) with every embedding quantized and scaled for scoring."""
+def quantized_batch(batch: GlobalBatch, precision: str, ranges: torch.Tensor) -> GlobalBatch:
+    """``batch`` with every embedding quantized and scaled, scored by the inner product as ``eval.quantization``
+    ranks."""
     scale = score_scale(batch.candidates, precision, ranges)
 
     def cut(x: torch.Tensor | None) -> torch.Tensor | None:
@@ -106,7 +114,7 @@ def quantized_batch(batch: Any, precision: str, ranges: torch.Tensor) -> Any:
 
     return dataclasses.replace(batch, query=cut(batch.query), positive=cut(batch.positive),
                                candidates=cut(batch.candidates), queries_all=cut(batch.queries_all),
-                               negatives=cut(batch.negatives))
+                               negatives=cut(batch.negatives), scored_as_is=True)
 
 
 def fit_ranges_buffer(loss: torch.nn.Module, state_dict: dict, prefix: str, *_: object) -> None:
@@ -117,5 +125,23 @@ def fit_ranges_buffer(loss: torch.nn.Module, state_dict: dict, prefix: str, *_: 
         loss.quantization_ranges = torch.empty_like(saved, device=loss.quantization_ranges.device)
 
 
-__all__ = ["QUANTIZATIONS", "binary_ste", "fit_ranges_buffer", "int8_ste", "quantized_batch", "ranges_for_step",
-           "updated_ranges"]
+class QuantizationAware:
+    """``outer`` (the float loss) plus ``weight`` x ``inner`` on each quantized space (module docstring). ``owner``
+    is the loss module that holds the checkpointed ``quantization_ranges`` buffer; a training step moves the int8
+    ranges first."""
+
+    def __init__(self, owner: torch.nn.Module, outer: Callable[[GlobalBatch], LossOutput],
+                 inner: Callable[[GlobalBatch], LossOutput], precisions: Sequence[str], weight: float) -> None:
+        self.owner, self.outer, self.inner = owner, outer, inner
+        self.precisions, self.weight = tuple(precisions), float(weight)
+
+    def __call__(self, batch: GlobalBatch) -> LossOutput:
+        out = self.outer(batch)
+        ranges = ranges_for_step(self.owner, batch.candidates)
+        loss = out.loss + sum(self.weight * self.inner(quantized_batch(batch, p, ranges)).loss
+                              for p in self.precisions)
+        return replace(out, loss=loss)
+
+
+__all__ = ["QUANTIZATIONS", "QuantizationAware", "binary_ste", "fit_ranges_buffer", "int8_ste", "quantized_batch",
+           "ranges_for_step", "updated_ranges"]
