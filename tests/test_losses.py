@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -198,3 +199,33 @@ def test_gradcache_with_masked_own_negatives_equals_the_full_batch():
     assert cached.loss.item() == pytest.approx(full.item(), rel=1e-12)
     torch.testing.assert_close(encoder.embed.weight.grad, full_grad, rtol=1e-10, atol=1e-12)
     assert full_grad.abs().max() > 0
+
+
+LOSS_OPTIONS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "conf" / "loss").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("option", LOSS_OPTIONS)
+def test_each_loss_is_a_module_of_its_own_with_its_formula_citation_and_own_parameters(option: str):
+    """conf/loss/<option>.yaml targets a class of gte_pro.training.losses.<option>, whose docstrings give the formula
+    (``L = ...``) and a citation (a year); its constructor names only what its bases do not, or a default of its own
+    (GTE's temperature 0.02), and passes the rest on."""
+    import inspect
+    import re
+
+    import yaml
+    from hydra.utils import get_class
+
+    target = yaml.safe_load((Path(__file__).resolve().parents[1] / "conf" / "loss" / f"{option}.yaml").read_text())
+    loss_class = get_class(target["_target_"])
+    module = inspect.getmodule(loss_class)
+    assert module.__name__ == f"gte_pro.training.losses.{option}", module.__name__
+    text = f"{module.__doc__}\n{loss_class.__doc__}"
+    assert re.search(r"\bL = ", text) and re.search(r"\b(19|20)\d\d\b", text), f"{option}: no formula or citation"
+    own = inspect.signature(loss_class.__init__).parameters if "__init__" in vars(loss_class) else {}
+    for base in loss_class.__mro__[1:]:
+        if "__init__" not in vars(base) or base.__module__.startswith("torch"):
+            continue
+        inherited = inspect.signature(base.__init__).parameters
+        restated = [name for name, p in own.items() if name in inherited and name != "self"
+                    and p.kind is not p.VAR_KEYWORD and p.default == inherited[name].default]
+        assert not restated, f"{loss_class.__name__} restates {restated} of {base.__name__}"
