@@ -22,6 +22,7 @@ validation after the epoch only, no checkpoints), ``trainer.max_epochs=1`` (no s
   mined-7-fnm        + loss.false_negative_margin=0.1      mined-7-hard   + loss.hardness_alpha=5
   mined-7-both       + both                                mined-7-t0.02  loss.temperature=0.02
   mined-7-gist       + loss.guide=all-mpnet-base-v2 (GISTEmbed's guided masking; ``make fetch-mpnet`` first)
+  mined-7-shuffled   + data.group_by_length=false (random batches, as the peer's trainer draws them)
   distill-ensemble   ``mode=score score.teacher=[<mined-7 seed A>/model,<seed B>/model]`` (the first two seeds) on
                      mined.jsonl, then ``experiment=distill`` (distill_kl + InfoNCE, 7 negatives) on its file,
                      loss.teacher_temperature=--ensemble-temperature

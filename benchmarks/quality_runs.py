@@ -31,7 +31,9 @@ OURS = {"inbatch": ["data.num_negatives=0"], "mined-1": ["data.num_negatives=1"]
         "mined-7-fnm": ["data.num_negatives=7", FNM], "mined-7-hard": ["data.num_negatives=7", HARD],
         "mined-7-both": ["data.num_negatives=7", FNM, HARD],
         "mined-7-t0.02": ["data.num_negatives=7", "loss.temperature=0.02"],
-        "mined-7-gist": ["data.num_negatives=7", GIST]}
+        "mined-7-gist": ["data.num_negatives=7", GIST],
+        # batches drawn at random, as the peer's trainer draws them (ours groups rows of similar length by default)
+        "mined-7-shuffled": ["data.num_negatives=7", "data.group_by_length=false"]}
 VARIANTS = (*OURS, "distill-ensemble", "soup", "st-peer")
 SOUP_VALIDATION = ("data.val_distractors=10000", "optimized_metric=val/ndcg@10")  # the held-out split, not the test
 NUM_NEGATIVES = {"inbatch": 0, "mined-1": 1, "mined-3": 3, "distill-ensemble": NEGATIVES, "st-peer": NEGATIVES}
