@@ -35,7 +35,14 @@ def mix_problems(cfg: DictConfig) -> list[str]:
 
 
 CROSS_ENCODER = "gte_pro.models.cross_encoder.CrossEncoder.load"
-RERANK_LOSSES = {"gte_pro.training.losses.ListwiseLoss", "gte_pro.training.losses.PointwiseBCELoss"}
+def _loss_targets(*options: str) -> dict[str, str]:
+    """``_target_`` -> option name of conf/loss options, read from their schemas (where each target is stated)."""
+    from gte_pro.config.schema import SCHEMAS
+
+    return {SCHEMAS["loss"][name].__dataclass_fields__["_target_"].default: name for name in options}
+
+
+RERANK_LOSSES = _loss_targets("listwise", "pointwise_bce")
 
 
 def task_problems(cfg: DictConfig) -> list[str]:
@@ -132,8 +139,7 @@ def mine_window_problems(cfg: DictConfig) -> list[str]:
     return []
 
 
-DISTILL_LOSSES = {"gte_pro.training.losses.DistillKLLoss": "distill_kl",
-                  "gte_pro.training.losses.MarginMSELoss": "margin_mse"}
+DISTILL_LOSSES = _loss_targets("distill_kl", "margin_mse")
 # data sources whose rows never carry teacher scores
 UNSCORED_SOURCES = {"gte_pro.data.demo.DemoDataModule": "demo", "gte_pro.data.beir.BeirDataModule": "beir"}
 JSONL_SOURCE = "gte_pro.data.jsonl.JsonlDataModule"
