@@ -32,6 +32,8 @@ from typing import Any
 import harness
 from harness import Column, Result
 
+from gte_pro.modes.build_data import data_module
+
 VAL_ROWS = 200
 VARIANTS = (("off", "off"), ("report", "report"), ("drop", "drop"), ("report again", "report"))
 
@@ -87,15 +89,14 @@ def start_child(payload: dict[str, Any]) -> Result:
     from transformers import AutoTokenizer
 
     from gte_pro import packaged_minilm_path
-    from gte_pro.data.jsonl import JsonlDataModule
     from gte_pro.evaluation.sets import BeirEvalSets
 
     tokenizer = AutoTokenizer.from_pretrained(packaged_minilm_path())
     sets = BeirEvalSets(OmegaConf.create({"eval": {"beir": [payload["beir"]], "split": "test"}}))
     start = time.perf_counter()
-    module = JsonlDataModule(train_file=payload["train"], val_file=payload["val"], tokenizer=tokenizer,
-                             cache_dir=payload["cache"], max_length=payload["max_length"], eval_sets=sets,
-                             decontaminate=payload["mode"])
+    module = data_module("jsonl", train_file=payload["train"], val_file=payload["val"], tokenizer=tokenizer,
+                         cache_dir=payload["cache"], max_length=payload["max_length"], eval_sets=sets,
+                         decontaminate=payload["mode"])
     module.prepare_data()
     module.setup("fit")
     seconds = time.perf_counter() - start

@@ -24,6 +24,8 @@ from typing import Any
 import harness
 from harness import Column, Result
 
+from gte_pro.modes.build_data import data_module
+
 VAL_ROWS = 200
 PHASES = ("cold", "warm")
 
@@ -46,12 +48,11 @@ def setup_child(payload: dict[str, Any]) -> Result:
     from transformers import AutoTokenizer
 
     from gte_pro import packaged_minilm_path
-    from gte_pro.data.jsonl import JsonlDataModule
 
     tokenizer = AutoTokenizer.from_pretrained(packaged_minilm_path())
     start = time.perf_counter()
-    module = JsonlDataModule(train_file=payload["train"], val_file=payload["val"], tokenizer=tokenizer,
-                             cache_dir=payload["cache"], max_length=payload["max_length"])
+    module = data_module("jsonl", train_file=payload["train"], val_file=payload["val"], tokenizer=tokenizer,
+                         cache_dir=payload["cache"], max_length=payload["max_length"])
     module.prepare_data()
     module.setup("fit")
     batch = next(iter(module.train_dataloader()))

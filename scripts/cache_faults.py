@@ -30,6 +30,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from gte_pro.modes.build_data import data_module
+
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere: the checkout's package, not another install
     sys.path.insert(0, str(REPO))
@@ -217,10 +219,9 @@ def _remove(path: Path, rng: random.Random) -> str:
 
 # --- token cache -----------------------------------------------------------------------------------------------------
 def _token_module(train_file: Path, cache: Path) -> Any:
-    from gte_pro.data.jsonl import JsonlDataModule
 
-    return JsonlDataModule(train_file=str(train_file), tokenizer=_tokenizer(), cache_dir=str(cache),
-                           val_fraction=0.2)
+    return data_module("jsonl", train_file=str(train_file), tokenizer=_tokenizer(), cache_dir=str(cache),
+                       val_fraction=0.2)
 
 
 def _token_folder(train_file: Path, cache: Path) -> Path:
@@ -230,9 +231,9 @@ def _token_folder(train_file: Path, cache: Path) -> Path:
 
 
 def _patch_token_build(builds: Path) -> None:
-    from gte_pro.data import base
+    from gte_pro.data import token_cache
 
-    base.write_tokenized = _counting(base.write_tokenized, builds)
+    token_cache.write_tokenized = _counting(token_cache.write_tokenized, builds)
 
 
 def case_token_cache_race(seed: int) -> dict[str, Any]:
@@ -252,10 +253,10 @@ def case_token_cache_damage(seed: int) -> dict[str, Any]:
         work = Path(tmp)
         train_file = _pairs_file(work, seed)
         builds = work / "builds.txt"
-        from gte_pro.data import base
+        from gte_pro.data import token_cache
 
-        real = base.write_tokenized
-        base.write_tokenized = _counting(real, builds)
+        real = token_cache.write_tokenized
+        token_cache.write_tokenized = _counting(real, builds)
         try:
             folder = _token_folder(train_file, work / "cache")
             reference = _files(folder)
@@ -273,7 +274,7 @@ def case_token_cache_damage(seed: int) -> dict[str, Any]:
                        ("meta.json removed", partial(reopen, _remove, "meta.json"))]
             return judge_damage("token_cache_damage", damages, folder, reference, builds)
         finally:
-            base.write_tokenized = real
+            token_cache.write_tokenized = real
 
 
 # --- corpus store ----------------------------------------------------------------------------------------------------

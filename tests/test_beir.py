@@ -7,11 +7,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hydra.utils import instantiate
 
-from gte_pro.data.beir import BeirDataModule, load_beir
+from gte_pro.data.beir import load_beir
+from gte_pro.data.beir_rows import BeirRows
 from gte_pro.errors import DataError
 from gte_pro.evaluation.sets import eval_set_specs, load_eval_sets
+from gte_pro.modes.build_data import build_datamodule, data_module
 from tests.beir_data import SPLITS, TOPICS, write_beir_folder
 
 
@@ -100,8 +101,8 @@ def test_eval_config_loads_each_named_set(make_cfg, beir_dir: Path, tokenizer):
 
 def test_beir_as_training_data(make_cfg, tokenizer, beir_dir: Path):
     cfg = make_cfg(["data=beir", f"data.path={beir_dir}"])
-    data = instantiate(cfg.data, tokenizer=tokenizer)
-    assert isinstance(data, BeirDataModule)
+    data = build_datamodule(cfg, tokenizer, "", "")
+    assert isinstance(data.source, BeirRows)
     data.setup("fit")
     assert sorted(ex.query for ex in data.train_rows) == sorted(TOPICS[i][2] for i in SPLITS["train"])
     # validation: the dev split's queries over the whole corpus
@@ -113,7 +114,7 @@ def test_beir_as_training_data(make_cfg, tokenizer, beir_dir: Path):
 def test_beir_training_data_without_a_dev_split_holds_out_training_queries(tokenizer, beir_dir: Path):
     for split in ("dev", "test"):
         (beir_dir / "qrels" / f"{split}.tsv").unlink()
-    data = BeirDataModule(path=str(beir_dir), tokenizer=tokenizer, val_fraction=0.3, batch_size=4)
+    data = data_module("beir", path=str(beir_dir), tokenizer=tokenizer, val_fraction=0.3, batch_size=4)
     data.setup("fit")
     held_out = set(data.retrieval.queries)
     assert held_out and not held_out & {ex.query for ex in data.train_rows}
@@ -123,7 +124,7 @@ def test_beir_training_data_without_a_dev_split_holds_out_training_queries(token
 def test_beir_training_data_needs_its_train_split(tokenizer, beir_dir: Path):
     (beir_dir / "qrels" / "train.tsv").unlink()
     with pytest.raises(DataError, match=r"qrels/train\.tsv: file not found \(splits in .*: dev, test\)"):
-        BeirDataModule(path=str(beir_dir), tokenizer=tokenizer).setup("fit")
+        data_module("beir", path=str(beir_dir), tokenizer=tokenizer).setup("fit")
 
 
 def test_numeric_ids_are_read_as_text(beir_dir: Path):

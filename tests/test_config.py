@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from gte_pro.config.checks import config_problems
 from gte_pro.modes.build import build_encoder, build_strategy, build_trainer, instantiate_dict
+from gte_pro.modes.build_data import build_datamodule
 from tests.conftest import CONF
 
 RERANKERS = ("cross_encoder", "reranker_minilm", "reranker_tiny", "gte_reranker_modernbert",
@@ -41,7 +42,7 @@ def test_every_group_has_options_and_the_defaults_compose(make_cfg):
         assert options(group), group
     assert cfg.model.name_or_path.endswith("model") and cfg.model.lr == 5e-5
     assert cfg.trainer.devices == 1 and cfg.trainer.precision == "32-true"
-    assert OmegaConf.select(cfg, "data._target_") == "gte_pro.data.demo.DemoDataModule"
+    assert OmegaConf.select(cfg, "data._target_") == "gte_pro.data.demo.DemoRows"
 
 
 @pytest.mark.parametrize("option", [o for o in options("model") if o not in RERANKERS])
@@ -83,7 +84,7 @@ def test_data_options(make_cfg, option, tokenizer, pairs_file: Path, tmp_path: P
     # settings other than the defaults: the batches must follow them
     cfg = make_cfg([f"data={option}", "data.batch_size=3", "data.max_length=12", "data.num_negatives=1",
                     "data.max_train_rows=30", *extra.get(option, [])])
-    module = instantiate(cfg.data, tokenizer=tokenizer)
+    module = build_datamodule(cfg, tokenizer, "", "")
     module.setup("fit")
     batch = next(iter(module.train_dataloader()))
     assert batch["query"]["input_ids"].shape[0] == 3 and batch["num_negatives"] == 1

@@ -19,14 +19,15 @@ from hydra.utils import get_object
 
 from gte_pro.config.checks import schema_fields
 from gte_pro.config.schema import SCHEMAS
+from gte_pro.config.schema.data import DataCommon
 from gte_pro.config.schema.run import RunSchema, TrainerSchema
 
 ROOT = Path(__file__).resolve().parents[1]
-# what gte_pro.modes.build hands a data module besides its config keys: the tokenizer is the model's, the prompts
-# model.query_prefix/doc_prefix, the seed the top-level one; the collaborators of gte_pro/data/collaborators.py and
-# the distillation loss's name come from the module and the loss
-HANDED_OVER = {"data": {"tokenizer", "seed", "query_prefix", "doc_prefix", "negative_pool", "pair_join",
-                        "candidates", "eval_sets", "distill_loss"}}
+# a data option's _target_ is its row source (gte_pro.data.sources), which takes the option's own keys; the keys every
+# source shares (DataCommon) are read by the data module's parts as gte_pro/modes/build_data.py builds them
+OWN_KEYS_ONLY = {"data": DataCommon}
+# data=mix's own keys that its Mixing does not take: the sources are built one data module each
+MIX_OWN_READ = ("sources",)
 TARGETED = [(group, option, schema) for group in ("data", "model", "loss")
             for option, schema in SCHEMAS[group].items()]
 
@@ -72,10 +73,61 @@ def test_schema_fields_are_the_targets_parameters(group, option, schema):
     target = schema.__dataclass_fields__["_target_"].default
     written = yaml.safe_load((ROOT / "conf" / group / f"{option}.yaml").read_text())
     assert written.get("_target_", target) == target, f"conf/{group}/{option}.yaml names another _target_"
-    params = {k: v for k, v in _parameters(target).items() if k not in HANDED_OVER.get(group, ())}
-    assert set(_arguments(schema)) == set(params), (
-        f"{schema.__name__} vs {target}: only in the schema {sorted(set(_arguments(schema)) - set(params))}, "
-        f"only in the code {sorted(set(params) - set(_arguments(schema)))}")
+    params = _parameters(target)
+    arguments = set(_arguments(schema))
+    if group in OWN_KEYS_ONLY:
+        arguments -= set(_arguments(OWN_KEYS_ONLY[group])) | set(MIX_OWN_READ) if option == "mix" else set(
+            _arguments(OWN_KEYS_ONLY[group]))
+    assert arguments == set(params), (
+        f"{schema.__name__} vs {target}: only in the schema {sorted(arguments - set(params))}, "
+        f"only in the code {sorted(set(params) - arguments)}")
+
+
+def _keys_read(path: Path) -> set[str]:
+    """The string keys ``settings[...]`` / ``shared[...]`` / ``merged[...]`` subscripts and ``.get(...)`` calls read
+    in ``path``."""
+    keys = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(
+                node.value, ast.Name) and node.value.id in ("settings", "shared", "merged"):
+            keys.add(node.slice.value)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and (
+                isinstance(node.func.value, ast.Name) and node.func.value.id == "settings") and node.args and (
+                isinstance(node.args[0], ast.Constant)):
+            keys.add(node.args[0].value)
+    return keys
+
+
+def test_every_data_key_is_read_by_a_part_of_the_data_module():
+    """The keys every source shares are read where the data module's parts are built (or named as read elsewhere);
+    a data=mix's own keys beyond its Mixing's too: a schema key that nothing reads would be silently ignored."""
+    from gte_pro.modes.build_data import READ_ELSEWHERE
+
+    read = _keys_read(ROOT / "gte_pro" / "modes" / "build_data.py")
+    shared = set(_arguments(DataCommon)) - READ_ELSEWHERE
+    assert shared <= read, f"DataCommon keys no part reads: {sorted(shared - read)}"
+    assert set(MIX_OWN_READ) <= read
+    assert read <= shared | set(MIX_OWN_READ) | {"_target_", "query_prefix", "doc_prefix", "seed"}, (
+        f"keys read that no schema states: {sorted(read - shared - set(MIX_OWN_READ))}")
+
+
+def test_no_part_of_a_data_module_keeps_a_default_of_its_own():
+    """The schemas are the only defaults of data.* (gte_pro/modes/build_data.py): no part's constructor restates
+    one."""
+    from gte_pro.data.base import ContrastiveDataModule
+    from gte_pro.data.batching import Batching, LoaderOptions
+    from gte_pro.data.mix import MixDataModule, Mixing
+    from gte_pro.data.sources import RowSource
+    from gte_pro.data.token_cache import Decontamination, TokenCache, Tokenization
+    from gte_pro.data.validation import Validation
+
+    parts = [ContrastiveDataModule, MixDataModule, Mixing, Batching, LoaderOptions, TokenCache, Tokenization,
+             Decontamination, Validation, *RowSource.__subclasses__()]
+    assert len(RowSource.__subclasses__()) >= 4
+    defaults = [f"{part.__name__}({name}={param.default!r})" for part in parts
+                for name, param in inspect.signature(part.__init__).parameters.items()
+                if param.default is not inspect.Parameter.empty]
+    assert not defaults, f"defaults restated outside the schemas: {defaults}"
 
 
 @pytest.mark.parametrize(("group", "option", "schema"), TARGETED, ids=[f"{g}/{o}" for g, o, _ in TARGETED])
@@ -84,8 +136,10 @@ def test_a_constructor_default_is_the_schemas(group, option, schema):
     target = schema.__dataclass_fields__["_target_"].default
     params = _parameters(target)
     for name, default in _arguments(schema).items():
-        param = params[name]
-        if param.default is inspect.Parameter.empty or isinstance(default, str) and default.startswith(("${", "???")):
+        # a data option's shared keys: no part keeps a default (test_no_part_of_a_data_module_keeps_a_default...)
+        param = params.get(name)
+        unset = param is None or param.default is inspect.Parameter.empty
+        if unset or isinstance(default, str) and default.startswith(("${", "???")):
             continue
         expected = default if not hasattr(default, "__dataclass_fields__") else None
         if isinstance(param.default, tuple):

@@ -10,12 +10,10 @@ import torch
 
 from gte_pro.data.collate import PairCollator, TokenCollator
 from gte_pro.data.datasets import TokenizedPairs
-from gte_pro.data.demo import DemoDataModule
-from gte_pro.data.hf import HFDataModule
-from gte_pro.data.jsonl import JsonlDataModule
 from gte_pro.data.records import Example, clean_examples, clean_text, iter_pairs_jsonl
 from gte_pro.data.sampling import EpochSampler
 from gte_pro.errors import DataError
+from gte_pro.modes.build_data import data_module
 from tests.conftest import write_jsonl
 
 
@@ -73,18 +71,18 @@ def test_cleaning_collapses_whitespace_drops_control_chars_and_counts_reasons():
 
 def test_zero_rows_after_cleaning_is_an_error_naming_the_reasons(tmp_path: Path, tokenizer):
     path = write_jsonl(tmp_path / "tiny.jsonl", [{"query": "q", "positive": "p"}] * 3)
-    module = JsonlDataModule(train_file=str(path), tokenizer=tokenizer)
+    module = data_module("jsonl", train_file=str(path), tokenizer=tokenizer)
     with pytest.raises(DataError, match="no training rows left after cleaning.*query shorter than 3"):
         module.setup("fit")
 
 
 def test_jsonl_module_holds_out_a_stable_validation_split(pairs_file: Path, tokenizer):
     # the held-out part of the corpus only (data.val_distractors=0): tests/test_validation_corpus.py adds the rest
-    first = JsonlDataModule(train_file=str(pairs_file), tokenizer=tokenizer, val_fraction=0.2, batch_size=4,
-                            val_distractors=0)
+    first = data_module("jsonl", train_file=str(pairs_file), tokenizer=tokenizer, val_fraction=0.2, batch_size=4,
+                        val_distractors=0)
     first.setup("fit")
-    second = JsonlDataModule(train_file=str(pairs_file), tokenizer=tokenizer, val_fraction=0.2, batch_size=4,
-                             val_distractors=0)
+    second = data_module("jsonl", train_file=str(pairs_file), tokenizer=tokenizer, val_fraction=0.2, batch_size=4,
+                         val_distractors=0)
     second.setup("fit")
     assert first.retrieval.queries == second.retrieval.queries
     assert 0 < len(first.retrieval.queries) < 60
@@ -95,8 +93,8 @@ def test_jsonl_module_holds_out_a_stable_validation_split(pairs_file: Path, toke
 
 
 def test_batches_are_padded_to_the_longest_text_not_max_length(pairs_file: Path, tokenizer):
-    module = JsonlDataModule(train_file=str(pairs_file), tokenizer=tokenizer, batch_size=4, num_negatives=2,
-                             max_length=256)
+    module = data_module("jsonl", train_file=str(pairs_file), tokenizer=tokenizer, batch_size=4, num_negatives=2,
+                         max_length=256)
     module.setup("fit")
     batch = next(iter(module.train_dataloader()))
     assert batch["query"]["input_ids"].shape[0] == 4
@@ -127,8 +125,8 @@ def test_missing_negatives_are_filled_with_other_positives():
 
 def test_cached_token_batches_equal_tokenizing_the_texts(pairs_file: Path, tokenizer):
     """The tensors from the token cache are exactly what tokenizing the texts in each batch gives."""
-    module = JsonlDataModule(train_file=str(pairs_file), tokenizer=tokenizer, batch_size=4, num_negatives=2,
-                             max_length=24, query_prefix="query: ", doc_prefix="passage: ")
+    module = data_module("jsonl", train_file=str(pairs_file), tokenizer=tokenizer, batch_size=4, num_negatives=2,
+                         max_length=24, query_prefix="query: ", doc_prefix="passage: ")
     module.setup("fit")
     pairs = module.train_dataloader().dataset
     indices = [0, 5, 7]
@@ -151,13 +149,13 @@ def test_cached_token_batches_equal_tokenizing_the_texts(pairs_file: Path, token
 
 def test_token_cache_is_reused_and_rebuilt_when_the_file_changes(tmp_path: Path, pairs_file: Path, tokenizer,
                                                                  monkeypatch):
-    from gte_pro.data import base
+    from gte_pro.data import token_cache
 
     builds = []
-    real_write = base.write_tokenized
-    monkeypatch.setattr(base, "write_tokenized", lambda *a, **k: builds.append(1) or real_write(*a, **k))
-    make = lambda: JsonlDataModule(train_file=str(pairs_file), tokenizer=tokenizer,  # noqa: E731
-                                   cache_dir=str(tmp_path / "c"), val_fraction=0.2)
+    real_write = token_cache.write_tokenized
+    monkeypatch.setattr(token_cache, "write_tokenized", lambda *a, **k: builds.append(1) or real_write(*a, **k))
+    make = lambda: data_module("jsonl", train_file=str(pairs_file), tokenizer=tokenizer,  # noqa: E731
+                               cache_dir=str(tmp_path / "c"), val_fraction=0.2)
     first = make()
     first.prepare_data()
     first.setup("fit")
@@ -177,7 +175,7 @@ def test_token_cache_is_reused_and_rebuilt_when_the_file_changes(tmp_path: Path,
 def test_a_failed_build_leaves_no_cache(tmp_path: Path, tokenizer):
     path = write_jsonl(tmp_path / "bad.jsonl", [{"query": "a real question", "positive": "a long enough answer"},
                                                 {"query": "q2", "positive": 3}])
-    module = JsonlDataModule(train_file=str(path), tokenizer=tokenizer, cache_dir=str(tmp_path / "c"))
+    module = data_module("jsonl", train_file=str(path), tokenizer=tokenizer, cache_dir=str(tmp_path / "c"))
     with pytest.raises(DataError, match=r"bad\.jsonl, line 2: field 'positive'"):
         module.setup("fit")
     assert not any((tmp_path / "c" / "tokenized").iterdir())
@@ -207,8 +205,8 @@ def test_group_by_length_loader_pads_less(tmp_path: Path, tokenizer):
     path = write_jsonl(tmp_path / "varied.jsonl", rows)
 
     def padding(group: bool) -> float:
-        module = JsonlDataModule(train_file=str(path), tokenizer=tokenizer, batch_size=4, val_fraction=0.1,
-                                 group_by_length=group, length_window=8)
+        module = data_module("jsonl", train_file=str(path), tokenizer=tokenizer, batch_size=4, val_fraction=0.1,
+                             group_by_length=group, length_window=8)
         module.setup("fit")
         real = padded = 0
         for batch in module.train_dataloader():
@@ -233,13 +231,13 @@ def test_collator_applies_prefixes(tokenizer):
 
 
 def test_demo_corpus_is_real_large_enough_and_deterministic(cache_dir: Path, tokenizer):
-    module = DemoDataModule(cache_dir=str(cache_dir), tokenizer=tokenizer)
+    module = data_module("demo", cache_dir=str(cache_dir), tokenizer=tokenizer)
     module.prepare_data()
     module.setup("fit")
     assert len(module.train_rows) >= 1000
     assert len(module.retrieval.queries) >= 100
     assert len(module.retrieval.corpus) > len(module.retrieval.queries)  # distractors
-    again = DemoDataModule(cache_dir=str(cache_dir), tokenizer=tokenizer)
+    again = data_module("demo", cache_dir=str(cache_dir), tokenizer=tokenizer)
     again.setup("fit")
     assert again.retrieval.queries == module.retrieval.queries
     report = module.reports[0]
@@ -256,19 +254,19 @@ def test_hf_module_maps_columns_and_names_missing_ones(tmp_path: Path, tokenizer
         "answer": [f"the answer to question {i} is a long sentence" for i in range(40)],
     })
     table.save_to_disk(str(tmp_path / "ds"))
-    module = HFDataModule(path=str(tmp_path / "ds"), columns={"query": "question", "positive": "answer"},
-                          tokenizer=tokenizer, val_fraction=0.25, batch_size=4)
+    module = data_module("hf", path=str(tmp_path / "ds"), columns={"query": "question", "positive": "answer"},
+                         tokenizer=tokenizer, val_fraction=0.25, batch_size=4)
     module.setup("fit")
     assert len(module.train_rows) + len(module.retrieval.queries) == 40
-    bad = HFDataModule(path=str(tmp_path / "ds"), tokenizer=tokenizer)
+    bad = data_module("hf", path=str(tmp_path / "ds"), tokenizer=tokenizer)
     with pytest.raises(DataError, match=r"no column 'query'.*columns are: question, answer"):
         bad.setup("fit")
 
 
 def test_val_file_is_used_when_given(tmp_path: Path, pairs_file: Path, tokenizer):
     val = write_jsonl(tmp_path / "val.jsonl", [json.loads(line) for line in pairs_file.read_text().splitlines()[:5]])
-    module = JsonlDataModule(train_file=str(pairs_file), val_file=str(val), tokenizer=tokenizer, batch_size=4,
-                             val_distractors=0)
+    module = data_module("jsonl", train_file=str(pairs_file), val_file=str(val), tokenizer=tokenizer, batch_size=4,
+                         val_distractors=0)
     module.setup("fit")
     assert len(module.retrieval.queries) == 5 and len(module.train_rows) == 60
     # the validation loader embeds each of the file's 5 queries and each corpus document (5 positives and their

@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
+from gte_pro.data.base import ContrastiveDataModule
 from gte_pro.data.beir import relevant_texts
 from gte_pro.data.decontamination import REPORT
-from gte_pro.data.jsonl import JsonlDataModule
 from gte_pro.data.overlap_matching import EvalIndex, normalise, shingle_sets
 from gte_pro.data.split import is_held_out
 from gte_pro.errors import ConfigError
 from gte_pro.evaluation.sets import BeirEvalSets
+from gte_pro.modes.build_data import data_module
 from tests.beir_data import write_beir_folder
 from tests.conftest import write_jsonl
 
@@ -72,9 +73,9 @@ def planted_files(tmp_path: Path) -> tuple[Path, Path, Path, dict[str, str]]:
     return tmp_path / "train.jsonl", tmp_path / "val.jsonl", beir, planted
 
 
-def module(tokenizer: Any, train: Path, tmp_path: Path, **options: Any) -> JsonlDataModule:
-    data = JsonlDataModule(train_file=str(train), tokenizer=tokenizer, cache_dir=str(tmp_path / "cache"), batch_size=4,
-                           **options)
+def module(tokenizer: Any, train: Path, tmp_path: Path, **options: Any) -> ContrastiveDataModule:
+    data = data_module("jsonl", train_file=str(train), tokenizer=tokenizer, cache_dir=str(tmp_path / "cache"),
+                       batch_size=4, **options)
     data.prepare_data()
     data.setup("fit")
     return data
@@ -150,8 +151,8 @@ def test_a_wrong_mode_names_the_key_and_its_choices(make_cfg, tmp_path: Path):
 
 
 def test_a_composed_run_reports_the_overlap(make_cfg, tokenizer, tmp_path: Path, caplog):
-    from gte_pro.data.from_config import build_datamodule
     from gte_pro.evaluation.sets import eval_set_source
+    from gte_pro.modes.build_data import build_datamodule
 
     train, val, beir, _ = planted_files(tmp_path)
     cfg = make_cfg(["data=jsonl", f"data.train_file={train}", f"data.val_file={val}", f"eval.beir=[{beir}]",
@@ -201,15 +202,14 @@ def test_a_resume_may_switch_report_and_off_but_not_what_drop_trains_on(make_cfg
 
 
 def test_a_mix_drops_each_sources_rows_that_repeat_eval_beir(tokenizer, tmp_path: Path):
-    from gte_pro.data.mix import MixDataModule
 
     train, _, beir, planted = planted_files(tmp_path)  # 2 rows repeat the BEIR set, 3 the val file (not a mix's)
     other = write_jsonl(tmp_path / "other.jsonl", [{"query": f"another question {i} about {WORDS[i]}",
                                                     "positive": f"another answer {i} " + WORDS[i] * 3}
                                                    for i in range(40)])
     sources = {"a": {"type": "jsonl", "train_file": str(train)}, "b": {"type": "jsonl", "train_file": str(other)}}
-    mix = MixDataModule(sources=sources, tokenizer=tokenizer, batch_size=4, val_fraction=0.1, seed=7,
-                        cache_dir=str(tmp_path / "cache"), eval_sets=named_sets(beir), decontaminate="drop")
+    mix = data_module("mix", sources=sources, tokenizer=tokenizer, batch_size=4, val_fraction=0.1, seed=7,
+                      cache_dir=str(tmp_path / "cache"), eval_sets=named_sets(beir), decontaminate="drop")
     mix.prepare_data()
     mix.setup("fit")
     reports = mix.decontamination["sources"]

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from gte_pro.data.base import ContrastiveDataModule
 from gte_pro.data.cache import cache_key, tokenizer_fingerprint, write_tokenized
 from gte_pro.data.collate import TokenCollator
 from gte_pro.data.datasets import TokenizedPairs
-from gte_pro.data.hf import HFDataModule
-from gte_pro.data.jsonl import JsonlDataModule
 from gte_pro.data.records import Example, clean_examples, iter_pairs_jsonl
 from gte_pro.errors import DataError
+from gte_pro.modes.build_data import data_module
 from tests.conftest import write_jsonl
 
 
@@ -31,10 +31,10 @@ def _scored_rows(n: int = 40, negatives: int = 3) -> list[dict]:
              "neg_scores": [i + j / 10 for j in range(negatives)]} for i in range(n)]
 
 
-def _module(path: Path, tokenizer, tmp_path: Path, **kwargs) -> JsonlDataModule:
+def _module(path: Path, tokenizer, tmp_path: Path, **kwargs) -> ContrastiveDataModule:
     options = {"batch_size": 8, "num_negatives": 3, "max_length": 32, "val_fraction": 0.1, "seed": 3,
                "cache_dir": str(tmp_path / "cache")} | kwargs
-    return JsonlDataModule(train_file=str(path), tokenizer=tokenizer, **options)
+    return data_module("jsonl", train_file=str(path), tokenizer=tokenizer, **options)
 
 
 # --- reading and validation ---------------------------------------------------------------------------------------
@@ -96,18 +96,18 @@ def test_hf_reads_score_columns_and_names_the_row(tmp_path: Path, tokenizer):
 
     rows = _scored_rows(12)
     datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds"))
-    module = HFDataModule(path=str(tmp_path / "ds"), columns={"positive": "pos", "negatives": "neg"},
-                          tokenizer=tokenizer, batch_size=2, max_length=32, val_fraction=0.2,
-                          cache_dir=str(tmp_path / "cache"))
-    assert module.has_teacher_scores()
-    read = list(module._records("train"))
+    module = data_module("hf", path=str(tmp_path / "ds"), columns={"positive": "pos", "negatives": "neg"},
+                         tokenizer=tokenizer, batch_size=2, max_length=32, val_fraction=0.2,
+                         cache_dir=str(tmp_path / "cache"))
+    assert module.source.has_teacher_scores()
+    read = list(module.source._records("train"))
     assert [r.pos_scores for r in read] == [r["pos_scores"] for r in rows]
     assert [r.neg_scores for r in read] == [r["neg_scores"] for r in rows]
     rows[5]["neg_scores"] = rows[5]["neg_scores"][:2]
     datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds2"))
-    module.path = str(tmp_path / "ds2")
+    module.source.path = str(tmp_path / "ds2")
     with pytest.raises(DataError, match=r"ds2\[train\], row 5: field 'neg_scores' has 2 score\(s\) for the 3 .*'neg'"):
-        list(module._records("train"))
+        list(module.source._records("train"))
 
 
 # --- the token cache ------------------------------------------------------------------------------------------------
@@ -123,15 +123,16 @@ def test_rows_without_scores_write_the_same_cache_bytes_as_before(tmp_path: Path
     assert hashlib.sha256((tmp_path / "train.arrow").read_bytes()).hexdigest() == UNSCORED_SHA256
 
 
-def _key_before_scores(module: JsonlDataModule) -> str:
+def _key_before_scores(module: ContrastiveDataModule) -> str:
     """The cache key as ContrastiveDataModule._cache_folder computed it at 86fe696."""
+    tokens = module.tokens
     return cache_key({
-        "source": module.source_signature(), "module": type(module).__name__,
+        "source": module.source.signature(tokens), "module": module.source.module_name,
         "tokenizer": tokenizer_fingerprint(module.tokenizer), "max_length": module.max_length,
-        "query_prefix": module.query_prefix, "doc_prefix": module.doc_prefix,
-        "min_query_chars": module.min_query_chars, "min_doc_chars": module.min_doc_chars,
-        "val_fraction": module.val_fraction, "max_val_queries": module.max_val_queries,
-        "max_train_rows": module.max_train_rows,
+        "query_prefix": module.query_prefix, "doc_prefix": tokens.form.doc_prefix,
+        "min_query_chars": tokens.min_query_chars, "min_doc_chars": tokens.min_doc_chars,
+        "val_fraction": tokens.val_fraction, "max_val_queries": tokens.max_val_queries,
+        "max_train_rows": tokens.max_train_rows,
     })
 
 
@@ -140,10 +141,10 @@ def test_cache_key_is_unchanged_without_scores_and_distinct_with_them(tmp_path: 
     plain = write_jsonl(tmp_path / "plain.jsonl",
                         [{k: v for k, v in r.items() if not k.endswith("_scores")} for r in rows])
     module = _module(plain, tokenizer, tmp_path)
-    assert module._cache_folder().name == _key_before_scores(module)
+    assert module.tokens.folder(module.source).name == _key_before_scores(module)
     scored = _module(write_jsonl(tmp_path / "scored.jsonl", rows), tokenizer, tmp_path)
     # a cache built from this file before scores were read has the old key: it must not be reused
-    assert scored._cache_folder().name != _key_before_scores(scored)
+    assert scored.tokens.folder(scored.source).name != _key_before_scores(scored)
 
 
 # --- the batch ------------------------------------------------------------------------------------------------------
@@ -213,15 +214,14 @@ def test_mix_of_a_scored_and_an_unscored_source(tmp_path: Path, tokenizer, same_
     """data=mix reads each source's scores through the source's own module; the unscored source's rows have NaN
     teacher scores (left out of distillation), in batches that mix the sources and in batches of that source alone
     (which still carry teacher_scores, all NaN, so that a distillation loss does not stop the run)."""
-    from gte_pro.data.mix import MixDataModule
 
     plain = [{k: v for k, v in row.items() if not k.endswith("_scores")} | {"query": f"plain {row['query']}"}
              for row in _scored_rows(40)]
     sources = {"scored": {"type": "jsonl", "train_file": str(write_jsonl(tmp_path / "s.jsonl", _scored_rows(40)))},
                "plain": {"type": "jsonl", "train_file": str(write_jsonl(tmp_path / "p.jsonl", plain))}}
-    module = MixDataModule(sources=sources, tokenizer=tokenizer, batch_size=8, num_negatives=3, val_fraction=0.1,
-                           seed=7, same_source_batches=same_source_batches, cache_dir=str(tmp_path / "cache"),
-                           max_length=32)
+    module = data_module("mix", sources=sources, tokenizer=tokenizer, batch_size=8, num_negatives=3, val_fraction=0.1,
+                         seed=7, same_source_batches=same_source_batches, cache_dir=str(tmp_path / "cache"),
+                         max_length=32)
     module.prepare_data()
     module.setup("fit")
     assert module.sources["scored"].token_cache.scored and not module.sources["plain"].token_cache.scored

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from gte_pro.evaluation.metrics import evaluate_embeddings, retrieval_metrics
+from gte_pro.modes.build_data import data_module
 from gte_pro.retrieval import RetrievalSet, rank_corpus
 
 
@@ -47,10 +48,9 @@ def test_matches_sentence_transformers_information_retrieval_evaluator(cache_dir
     from sentence_transformers.evaluation import InformationRetrievalEvaluator
 
     from gte_pro import packaged_minilm_path
-    from gte_pro.data.demo import DemoDataModule
     from gte_pro.models.encoder import Encoder
 
-    data = DemoDataModule(cache_dir=str(cache_dir), tokenizer=tokenizer, max_val_queries=120, max_distractors=300)
+    data = data_module("demo", cache_dir=str(cache_dir), tokenizer=tokenizer, max_val_queries=120, max_distractors=300)
     data.setup("fit")
     rs = data.retrieval
     encoder = Encoder.load(packaged_minilm_path(), max_length=128)

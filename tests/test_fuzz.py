@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from gte_pro.errors import DataError, explain, user_error
+from gte_pro.modes.build_data import data_module
 from tests.conftest import CONF
 from tests.fuzz_cli import cli_cases
 from tests.fuzz_inputs import Case, data_cases
@@ -77,20 +78,17 @@ def run_data(kind: str, ctx: dict[str, Any], tokenizer: Any, cache: Path) -> tup
         tokenizer(beir.queries + beir.corpus, truncation=True, max_length=32)  # every text must be encodable
         return sum(getattr(beir, "anomalies", {}).values()), (beir.queries, beir.corpus, beir.relevant, beir.query_ids)
     if kind == "jsonl":
-        from gte_pro.data.jsonl import JsonlDataModule
 
-        module = JsonlDataModule(train_file=ctx["train_file"], val_file=ctx.get("val_file"), tokenizer=tokenizer,
-                                 cache_dir=str(cache), **SMALL)
+        module = data_module("jsonl", train_file=ctx["train_file"], val_file=ctx.get("val_file"), tokenizer=tokenizer,
+                             cache_dir=str(cache), **SMALL)
     elif kind == "hf":
-        from gte_pro.data.hf import HFDataModule
 
         options = {k: ctx[k] for k in ("columns", "train_split", "val_split") if k in ctx}
-        module = HFDataModule(path=ctx["path"], tokenizer=tokenizer, cache_dir=str(cache), **SMALL, **options)
+        module = data_module("hf", path=ctx["path"], tokenizer=tokenizer, cache_dir=str(cache), **SMALL, **options)
     else:
-        from gte_pro.data.beir import BeirDataModule
 
-        module = BeirDataModule(path=str(ctx["folder"]), val_splits=["dev"], tokenizer=tokenizer,
-                                cache_dir=str(cache), **SMALL)
+        module = data_module("beir", path=str(ctx["folder"]), val_splits=["dev"], tokenizer=tokenizer,
+                             cache_dir=str(cache), **SMALL)
     module.setup("fit")
     return _module_outcome(module)
 
@@ -194,7 +192,7 @@ def outcome(case: Case, folder: Path, tokenizer: Any, cache: Path, baselines: di
 @pytest.fixture
 def fast_fingerprint(monkeypatch: pytest.MonkeyPatch) -> None:
     """Hashing the tokenizer (0.3 s) once instead of once per input: the same tokenizer object gives the same hash."""
-    from gte_pro.data import base, cache
+    from gte_pro.data import cache, token_cache
 
     memo: dict[int, str] = {}
 
@@ -203,8 +201,8 @@ def fast_fingerprint(monkeypatch: pytest.MonkeyPatch) -> None:
             memo[id(tokenizer)] = cache.tokenizer_fingerprint(tokenizer)
         return memo[id(tokenizer)]
 
-    if hasattr(base, "tokenizer_fingerprint"):
-        monkeypatch.setattr(base, "tokenizer_fingerprint", fingerprint)
+    if hasattr(token_cache, "tokenizer_fingerprint"):
+        monkeypatch.setattr(token_cache, "tokenizer_fingerprint", fingerprint)
 
 
 def _baselines(root: Path, tokenizer: Any, cache: Path) -> dict[str, Any]:

@@ -125,7 +125,7 @@ def test_a_run_records_its_estimate_made_on_its_one_data_module(make_cfg, tmp_pa
     original = ContrastiveDataModule.__init__
 
     def counted(self, *args, **kwargs):
-        built.append(type(self).__name__)
+        built.append(args[0].module_name)  # the row source: one data module of data=demo
         original(self, *args, **kwargs)
 
     monkeypatch.setattr(ContrastiveDataModule, "__init__", counted)

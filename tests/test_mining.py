@@ -28,6 +28,7 @@ from gte_pro.mining.embed import mine_texts
 from gte_pro.mining.options import MiningOptions
 from gte_pro.mining.problem import build_problem
 from gte_pro.mining.rescore import rescore_window, window_options
+from gte_pro.modes.build_data import data_module
 from tests.conftest import REPO, free_port, write_jsonl
 from tests.ddp_harness import spawn_ranks
 
@@ -307,7 +308,6 @@ def corpus_file(tmp_path: Path) -> Path:
 
 def test_mode_mine_writes_a_file_that_trains_and_a_report(make_cfg, pairs_file: Path, corpus_file: Path,
                                                           tmp_path: Path, tokenizer, capsys):
-    from gte_pro.data.jsonl import JsonlDataModule
     from gte_pro.train import train
 
     run = tmp_path / "mine"
@@ -328,8 +328,8 @@ def test_mode_mine_writes_a_file_that_trains_and_a_report(make_cfg, pairs_file: 
     out = capsys.readouterr().out
     assert f"mined:   {run / 'mined.jsonl'}" in out
     assert f"data.train_file={run / 'mined.jsonl'} data.num_negatives=4 data.val_fraction=0.05" in out
-    data = JsonlDataModule(train_file=str(run / "mined.jsonl"), tokenizer=tokenizer, num_negatives=4,
-                           cache_dir=str(tmp_path / "cache"))
+    data = data_module("jsonl", train_file=str(run / "mined.jsonl"), tokenizer=tokenizer, num_negatives=4,
+                       cache_dir=str(tmp_path / "cache"))
     data.prepare_data()
     data.setup()
     assert [(ex.query, ex.negatives) for ex in data.train_rows] == [(r["query"], r["negatives"]) for r in rows]

@@ -109,10 +109,10 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
 
 
 def _module(sources: dict, tokenizer, world: tuple[int, int] | None = None, **options) -> MixDataModule:
-    from gte_pro.data.mix import MixDataModule
+    from gte_pro.modes.build_data import data_module
 
     options = {"batch_size": 4, "val_fraction": 0.2, "num_negatives": 1, "seed": 7, **options}
-    module = MixDataModule(sources=sources, tokenizer=tokenizer, **options)
+    module = data_module("mix", sources=sources, tokenizer=tokenizer, **options)
     module.prepare_data()
     module.setup("fit")
     if world is not None:
@@ -271,11 +271,11 @@ JSONL = {"type": "jsonl", "train_file": "a.jsonl"}
      r"num_negatives differ \(qa: 0, code: 2\) but with data\.same_source_batches=false"),
 ])
 def test_bad_mix_settings_name_the_key_and_what_is_valid(options: dict, message: str):
-    from gte_pro.data.mix import MixDataModule
+    from gte_pro.modes.build_data import data_module
 
     options = {"sources": {"qa": JSONL, "code": JSONL}, **options}
     with pytest.raises(DataError, match=message):
-        MixDataModule(**options)
+        data_module("mix", **options)
 
 
 def test_bad_sources_at_setup_name_the_source(sources: dict, tokenizer, tmp_path: Path):

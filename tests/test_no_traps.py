@@ -18,6 +18,7 @@ from omegaconf import open_dict
 from gte_pro.config.checks import config_problems
 from gte_pro.config.cross_keys import launcher_problems
 from gte_pro.errors import DataError
+from gte_pro.modes.build_data import data_module
 from tests.conftest import CONF, write_jsonl
 
 
@@ -39,12 +40,11 @@ def test_the_default_uses_every_negative_the_rows_carry(caplog: pytest.LogCaptur
 
 
 def test_a_files_negatives_reach_the_batches_by_default(make_cfg, pairs_file: Path, tokenizer, tmp_path: Path):
-    from gte_pro.data.jsonl import JsonlDataModule
 
     cfg = make_cfg(["data=jsonl", f"data.train_file={pairs_file}"])
     assert cfg.data.num_negatives is None  # before: 0, and the file's 2 negatives per row were dropped
-    module = JsonlDataModule(train_file=str(pairs_file), tokenizer=tokenizer, batch_size=4, val_fraction=0.2,
-                             cache_dir=str(tmp_path / "c"))
+    module = data_module("jsonl", train_file=str(pairs_file), tokenizer=tokenizer, batch_size=4, val_fraction=0.2,
+                         cache_dir=str(tmp_path / "c"))
     module.prepare_data()
     module.setup("fit")
     assert module.num_negatives == 2
@@ -77,12 +77,11 @@ def test_distillation_without_scores_or_negatives_is_refused_by_the_config_check
 
 
 def test_scored_rows_without_negatives_fail_when_the_data_is_read(tokenizer, tmp_path: Path):
-    from gte_pro.data.jsonl import JsonlDataModule
 
     path = _scored(tmp_path / "scored.jsonl", negatives=0)
     # what gte_pro.modes.build hands the data module for loss=distill_kl
-    module = JsonlDataModule(train_file=str(path), tokenizer=tokenizer, batch_size=4, val_fraction=0.2,
-                             cache_dir=str(tmp_path / "c"), distill_loss="distill_kl")
+    module = data_module("jsonl", train_file=str(path), tokenizer=tokenizer, batch_size=4, val_fraction=0.2,
+                         cache_dir=str(tmp_path / "c"), distill_loss="distill_kl")
     module.prepare_data()
     with pytest.raises(DataError, match=rf"{path}: loss=distill_kl needs hard negatives in the training rows"):
         module.setup("fit")

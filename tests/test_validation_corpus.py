@@ -6,19 +6,20 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from gte_pro.data.jsonl import JsonlDataModule
+from gte_pro.data.base import ContrastiveDataModule
 from gte_pro.data.validation import saturation_warnings, training_distractors, validation_warnings
+from gte_pro.modes.build_data import data_module
 from gte_pro.retrieval import RetrievalSet
 
 
-def _module(pairs_file: Path, tokenizer, cache_dir: Path, **options) -> JsonlDataModule:
-    module = JsonlDataModule(train_file=str(pairs_file), tokenizer=tokenizer, val_fraction=0.2, batch_size=4,
-                             cache_dir=str(cache_dir), **options)
+def _module(pairs_file: Path, tokenizer, cache_dir: Path, **options) -> ContrastiveDataModule:
+    module = data_module("jsonl", train_file=str(pairs_file), tokenizer=tokenizer, val_fraction=0.2, batch_size=4,
+                         cache_dir=str(cache_dir), **options)
     module.setup("fit")
     return module
 
 
-def _training_documents(module: JsonlDataModule) -> set[str]:
+def _training_documents(module: ContrastiveDataModule) -> set[str]:
     return {text for ex in module.train_rows for text in (*ex.positives, *ex.negatives)}
 
 

@@ -20,11 +20,13 @@ import pytest
 import torch
 
 from gte_pro.data import demo
+from gte_pro.data.base import ContrastiveDataModule
 from gte_pro.data.records import Example
 from gte_pro.export.card import write_model_card
 from gte_pro.export.writers import export_hf, export_onnx, export_sentence_transformers
 from gte_pro.launch.sweep import summarize_sweep
 from gte_pro.models.encoder import Encoder
+from gte_pro.modes.build_data import data_module
 from gte_pro.utils import files
 from gte_pro.utils.files import WriteError, write_json_atomic
 
@@ -186,11 +188,9 @@ def test_a_token_cache_that_fills_the_disk_is_not_published_and_names_the_file(t
                                                                                monkeypatch):
     import pyarrow as pa
 
-    from gte_pro.data.jsonl import JsonlDataModule
-
-    def make(max_length: int) -> JsonlDataModule:
-        return JsonlDataModule(train_file=str(pairs_file), tokenizer=tokenizer, cache_dir=str(tmp_path / "c"),
-                               val_fraction=0.2, max_length=max_length)
+    def make(max_length: int) -> ContrastiveDataModule:
+        return data_module("jsonl", train_file=str(pairs_file), tokenizer=tokenizer, cache_dir=str(tmp_path / "c"),
+                           val_fraction=0.2, max_length=max_length)
 
     make(32).prepare_data()  # an earlier cache (other settings) in the same folder
     before = snapshot(tmp_path / "c")
@@ -211,7 +211,7 @@ def test_a_token_cache_that_fills_the_disk_is_not_published_and_names_the_file(t
 
     monkeypatch.setattr(pa.ipc, "new_stream", FullAfterOneBatch)
     module = make(24)
-    folder = module._cache_folder()
+    folder = module.tokens.folder(module.source)
     with pytest.raises(WriteError) as error:
         module.prepare_data()
     assert str(error.value).startswith(f"could not write {folder}.tmp") and str(error.value).endswith(
@@ -223,14 +223,13 @@ def test_a_token_cache_that_fills_the_disk_is_not_published_and_names_the_file(t
 
 
 def test_a_token_cache_whose_flush_fails_is_not_published(tmp_path, pairs_file, tokenizer, monkeypatch):
-    from gte_pro.data.jsonl import JsonlDataModule
 
-    module = JsonlDataModule(train_file=str(pairs_file), tokenizer=tokenizer, cache_dir=str(tmp_path / "c"),
-                             val_fraction=0.2)
+    module = data_module("jsonl", train_file=str(pairs_file), tokenizer=tokenizer, cache_dir=str(tmp_path / "c"),
+                         val_fraction=0.2)
     monkeypatch.setattr(files, "fsync_tree", full_disk)
     with pytest.raises(WriteError) as error:
         module.prepare_data()
-    assert str(error.value) == f"could not write {module._cache_folder()}: {FULL}; {error.value.free}"
+    assert str(error.value) == f"could not write {module.tokens.folder(module.source)}: {FULL}; {error.value.free}"
     assert [p.name for p in (tmp_path / "c" / "tokenized").iterdir()] == []
 
 

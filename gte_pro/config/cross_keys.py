@@ -10,6 +10,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from gte_pro.config.schema.data import BeirData, DemoData, JsonlData, MixData
 from gte_pro.models import OLD_TARGETS
 
 
@@ -27,7 +28,7 @@ class Problem(str):
 def mix_problems(cfg: DictConfig) -> list[str]:
     """Re-mining reads one token cache; a mix has one per source."""
     remine = OmegaConf.select(cfg, "data.remine", default=None)
-    if OmegaConf.select(cfg, "data._target_", default=None) == "gte_pro.data.mix.MixDataModule" and isinstance(
+    if OmegaConf.select(cfg, "data._target_", default=None) == MixData._target_ and isinstance(
             remine, DictConfig) and (remine.get("every_n_epochs") or remine.get("at_start")):
         return ["data.remine: not supported with data=mix; set data.remine.every_n_epochs=0 "
                 "data.remine.at_start=false"]
@@ -141,8 +142,8 @@ def mine_window_problems(cfg: DictConfig) -> list[str]:
 
 DISTILL_LOSSES = _loss_targets("distill_kl", "margin_mse")
 # data sources whose rows never carry teacher scores
-UNSCORED_SOURCES = {"gte_pro.data.demo.DemoDataModule": "demo", "gte_pro.data.beir.BeirDataModule": "beir"}
-JSONL_SOURCE = "gte_pro.data.jsonl.JsonlDataModule"
+UNSCORED_SOURCES = {DemoData._target_: "demo", BeirData._target_: "beir"}
+JSONL_SOURCE = JsonlData._target_
 NEGATIVE_FIELDS = ("negatives", "neg", "negative")  # gte_pro.data.records reads a row's negatives from one of them
 SCORE_FIRST = ("score a JSON-lines file first (python train.py mode=score data=jsonl data.train_file=train.jsonl "
                "score.teacher=<reranker>) and train on its scored.jsonl with data=jsonl data.train_file=...")

@@ -1,4 +1,5 @@
-"""BEIR-format folders: reading them (for ``eval.beir``, see ``gte_pro.evaluation.sets``) and ``data=beir``.
+"""BEIR-format folders: reading them (for ``eval.beir``, see ``gte_pro.evaluation.sets``, and ``data=beir``:
+``gte_pro.data.beir_rows``).
 
 A BEIR folder holds ``corpus.jsonl`` ({"_id", "title", "text"} per line), ``queries.jsonl`` ({"_id", "text"}) and
 ``qrels/<split>.tsv`` (tab-separated, header ``query-id corpus-id score``). As in sentence-transformers'
@@ -16,14 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gte_pro.data.base import ContrastiveDataModule
-from gte_pro.data.cache import file_signature
 from gte_pro.data.records import (
     MAX_TEXT_CHARS,
-    CleaningReport,
-    Example,
-    clean_text,
-    iter_clean_examples,
     iter_jsonl,
     iter_text_lines,
     type_name,
@@ -241,59 +236,3 @@ def relevant_texts(path: str | Path, split: str) -> tuple[list[str], list[str]]:
     texts = [queries[qid] for qid, judged in qrels.items() if any(score > 0 for score in judged.values())]
     docs = [text for _, doc_id, text in iter_beir_documents(folder / "corpus.jsonl", Counter()) if doc_id in relevant]
     return texts, docs
-
-
-# --- training on a BEIR folder ------------------------------------------------------------------------------------
-def beir_examples(queries: Mapping[str, str], corpus: Mapping[str, str],
-                  qrels: Mapping[str, Mapping[str, int]]) -> list[Example]:
-    """One training row per query: all its documents of score > 0 are positives (each epoch draws one)."""
-    rows = []
-    for query_id, judged in qrels.items():
-        positives = [corpus[doc] for doc, score in judged.items() if score > 0]
-        if positives:
-            rows.append(Example(queries[query_id], positives))
-    return rows
-
-
-class BeirDataModule(ContrastiveDataModule):
-    """Train on ``qrels/<train_split>.tsv`` of a BEIR folder; validate on its first existing ``val_splits`` split
-    over the whole corpus (or, if none exists, on ``val_fraction`` of the training queries).
-
-    Texts are cleaned like every training source; for the canonical numbers name the folder in ``eval.beir``.
-    """
-
-    def __init__(self, *, path: str, train_split: str = "train", val_splits: Sequence[str] = ("dev", "test"),
-                 max_distractors: int | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        if not path:
-            raise DataError("data.path (a BEIR folder) is required with data=beir")
-        self.path = str(Path(path).expanduser())
-        self.train_split = train_split
-        # one split name is a list of one (list("dev") would be three one-letter splits)
-        self.val_splits = [val_splits] if isinstance(val_splits, str) else list(val_splits or [])
-        self.max_distractors = max_distractors
-
-    def source_signature(self) -> Any:
-        return file_signature(beir_folder(self.path))
-
-    def _rows(self, split: str, queries: dict[str, str], corpus: dict[str, str]) -> Iterator[Example]:
-        """The cleaned rows of one split; the report also counts repeated qrels lines."""
-        source = f"{self.path}/qrels/{split}.tsv"
-        report = CleaningReport(source)
-        rows = beir_examples(queries, corpus, read_beir_qrels(self.path, split, queries, corpus, report.cleaned))
-        if not rows:
-            raise DataError(f"{source}: no query has a relevant document (score > 0)")
-        self._record(report)
-        return iter_clean_examples(rows, report, self.min_query_chars, self.min_doc_chars)
-
-    def load_rows(self) -> tuple[Iterable[Example], Iterable[Example] | None, list[str]]:
-        corpus_ids, corpus_texts = read_beir_corpus(self.path)
-        corpus = dict(zip(corpus_ids, corpus_texts, strict=True))
-        queries = read_beir_queries(self.path)
-        train = self._rows(self.train_split, queries, corpus)
-        val_split = next((s for s in self.val_splits if s != self.train_split
-                          and (Path(self.path) / "qrels" / f"{s}.tsv").is_file()), None)
-        val = self._rows(val_split, queries, corpus) if val_split else None
-        # the rest of the corpus competes with the positives, as in a BEIR evaluation
-        distractors = [t for t in (clean_text(t[:MAX_TEXT_CHARS]) for t in corpus_texts) if t][: self.max_distractors]
-        return train, val, distractors

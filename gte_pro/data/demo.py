@@ -17,14 +17,17 @@ import sysconfig
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gte_pro.data.base import ContrastiveDataModule
 from gte_pro.data.docstrings import docstring_pair, parsed_sources
 from gte_pro.data.records import CleaningReport, Example, clean_examples, clean_text
+from gte_pro.data.sources import RowSource
 from gte_pro.data.split import is_held_out, split_bucket
 from gte_pro.utils.files import write_atomic
 from gte_pro.utils.shared_cache import seal, shared_file
+
+if TYPE_CHECKING:
+    from gte_pro.data.token_cache import TokenCache
 
 log = logging.getLogger(__name__)
 
@@ -107,26 +110,25 @@ def _build_demo_file(path: Path, options: dict[str, Any]) -> None:
     log.info("demo data cached at %s", path)
 
 
-class DemoDataModule(ContrastiveDataModule):
-    """Summary line -> body pairs from the Python standard library's docstrings; works offline anywhere."""
+class DemoRows(RowSource):
+    """Summary line -> body pairs from the Python standard library's docstrings; works offline anywhere. The corpus
+    is built (and cached beside the token caches) with the token cache's cleaning and split settings."""
 
-    def __init__(self, *, max_distractors: int | None = 1000, val_fraction: float = 0.1, min_query_chars: int = 10,
-                 min_doc_chars: int = 40, max_length: int = 128, **kwargs: Any) -> None:
-        # the defaults a constructor keeps for use without a config are DemoData's (tests/test_config_schema.py)
-        super().__init__(val_fraction=val_fraction, min_query_chars=min_query_chars, min_doc_chars=min_doc_chars,
-                         max_length=max_length, **kwargs)
+    module_name = "DemoDataModule"
+
+    def __init__(self, *, max_distractors: int | None) -> None:
         self.max_distractors = max_distractors
 
-    def _options(self) -> dict[str, Any]:
-        return {"val_fraction": self.val_fraction, "min_query_chars": self.min_query_chars,
-                "min_doc_chars": self.min_doc_chars, "max_distractors": self.max_distractors}
+    def _options(self, tokens: TokenCache) -> dict[str, Any]:
+        return {"val_fraction": tokens.val_fraction, "min_query_chars": tokens.min_query_chars,
+                "min_doc_chars": tokens.min_doc_chars, "max_distractors": self.max_distractors}
 
-    def source_signature(self) -> Any:
+    def signature(self, tokens: TokenCache) -> Any:
         # the corpus is a pure function of the Python version's standard library and these options
-        return {"demo": sys.version, **self._options()}
+        return {"demo": sys.version, **self._options(tokens)}
 
-    def load_rows(self) -> tuple[list[Example], list[Example] | None, list[str]]:
-        splits = load_demo_splits(self.cache_dir, **self._options())
+    def load_rows(self, tokens: TokenCache) -> tuple[list[Example], list[Example] | None, list[str]]:
+        splits = load_demo_splits(tokens.cache_dir, **self._options(tokens))
         for report in splits.reports:
-            self._record(report)
+            tokens.record(report)
         return splits.train, splits.val, splits.distractors

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gte_pro.data.base import ContrastiveDataModule
 from gte_pro.data.cache import file_signature
-from gte_pro.data.records import CleaningReport, Example, clean_required, parse_record
+from gte_pro.data.records import Example, parse_record
 from gte_pro.data.scores import SCORE_FIELDS, ScoredFile
+from gte_pro.data.sources import RowSource
 from gte_pro.errors import DataError
+
+if TYPE_CHECKING:
+    from gte_pro.data.token_cache import TokenCache
 
 ROLES = ("query", "positive", "negatives")
 
@@ -24,12 +27,13 @@ def _root_cause(error: BaseException, limit: int = 300) -> str:
     return f"{type(error).__name__}: {(lines[0] if lines else '')[:limit]}"
 
 
-class HFDataModule(ContrastiveDataModule):
+class HfRows(RowSource):
     """A ``datasets`` dataset (hub name, local data folder or ``save_to_disk`` folder) with a column mapping."""
 
-    def __init__(self, *, path: str, name: str | None = None, train_split: str = "train",
-                 val_split: str | None = None, columns: dict[str, str] | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    module_name = "HFDataModule"
+
+    def __init__(self, *, path: str, name: str | None, train_split: str, val_split: str | None,
+                 columns: dict[str, str] | None) -> None:
         if not path or not isinstance(path, str):
             raise DataError(f"data.path={path!r}: a hub name, a local data folder or a save_to_disk folder is "
                             "required with data=hf")
@@ -42,7 +46,10 @@ class HFDataModule(ContrastiveDataModule):
         self.val_split = val_split
         self.columns = {role: role for role in ROLES} | dict(columns or {})
 
-    def source_signature(self) -> Any:
+    def where(self) -> str:
+        return self.path
+
+    def signature(self, tokens: TokenCache) -> Any:
         local = Path(self.path).expanduser()
         # a hub dataset is identified by its name (datasets keeps its own cache of the download)
         source = file_signature(local) if local.exists() else {"hub": self.path, "name": self.name}
@@ -95,15 +102,10 @@ class HFDataModule(ContrastiveDataModule):
             scored.check(example.pos_scores is not None, f"{where}, row {index}")
             yield example
 
-    def _load_split(self, split: str) -> Iterator[Example]:
-        return self._clean(self._records(split), f"{self.path}[{split}]")
-
-    def load_rows(self) -> tuple[Iterable[Example], Iterable[Example] | None, list[str]]:
-        train = self._load_split(self.train_split)
+    def load_rows(self, tokens: TokenCache) -> tuple[Iterable[Example], Iterable[Example] | None, list[str]]:
+        train = tokens.clean(self._records(self.train_split), f"{self.path}[{self.train_split}]")
         val = None
         if self.val_split:
-            report = CleaningReport(f"{self.path}[{self.val_split}]")
-            self._record(report)
-            val = clean_required(self._records(self.val_split), report, "data.val_split", self.min_query_chars,
-                                 self.min_doc_chars)
+            val = tokens.clean_validation(self._records(self.val_split), f"{self.path}[{self.val_split}]",
+                                          "data.val_split")
         return train, val, []

@@ -4,30 +4,41 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gte_pro.data.base import ContrastiveDataModule
 from gte_pro.data.cache import file_signature
-from gte_pro.data.records import CleaningReport, Example, clean_required, iter_jsonl, iter_pairs_jsonl
+from gte_pro.data.records import Example, iter_jsonl, iter_pairs_jsonl
 from gte_pro.data.scores import SCORE_FIELDS
+from gte_pro.data.sources import RowSource
 from gte_pro.errors import CHECK_PATH, DataError
 
+if TYPE_CHECKING:
+    from gte_pro.data.token_cache import TokenCache
 
-class JsonlDataModule(ContrastiveDataModule):
+
+class JsonlRows(RowSource):
     """JSON-lines files: {"query", "positive", "negatives"} or FlagEmbedding's {"query", "pos", "neg"}.
 
     The training file is streamed (parsed, cleaned and tokenized a chunk at a time): its size is not bounded by
     memory.
     """
 
-    def __init__(self, *, train_file: str, val_file: str | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    module_name = "JsonlDataModule"
+
+    def __init__(self, *, train_file: str, val_file: str | None) -> None:
         if not train_file:
             raise DataError("data.train_file is required with data=jsonl")
         self.train_file = str(Path(train_file).expanduser())
-        self.val_file = str(Path(val_file).expanduser()) if val_file else None
+        self._val_file = str(Path(val_file).expanduser()) if val_file else None
 
-    def source_signature(self) -> Any:
+    @property
+    def val_file(self) -> str | None:
+        return self._val_file
+
+    def where(self) -> str:
+        return self.train_file
+
+    def signature(self, tokens: TokenCache) -> Any:
         for path in filter(None, (self.train_file, self.val_file)):
             if Path(path).is_dir():
                 raise DataError(f"{path}: is a folder, expected a JSON-lines file", hint=CHECK_PATH)
@@ -40,12 +51,9 @@ class JsonlDataModule(ContrastiveDataModule):
         first = next(iter_jsonl(self.train_file), (0, None))[1]
         return isinstance(first, dict) and any(name in first for name in SCORE_FIELDS)
 
-    def load_rows(self) -> tuple[Iterable[Example], Iterable[Example] | None, list[str]]:
-        train = self._clean(iter_pairs_jsonl(self.train_file), self.train_file)
+    def load_rows(self, tokens: TokenCache) -> tuple[Iterable[Example], Iterable[Example] | None, list[str]]:
+        train = tokens.clean(iter_pairs_jsonl(self.train_file), self.train_file)
         val = None
         if self.val_file:
-            report = CleaningReport(self.val_file)
-            self._record(report)
-            val = clean_required(iter_pairs_jsonl(self.val_file), report, "data.val_file", self.min_query_chars,
-                                 self.min_doc_chars)
+            val = tokens.clean_validation(iter_pairs_jsonl(self.val_file), self.val_file, "data.val_file")
         return train, val, []

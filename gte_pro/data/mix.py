@@ -1,43 +1,41 @@
 """``data=mix``: several sources in one run, each batch drawn from one source with p_i proportional to n_i ** alpha
 (the GTE paper's multi-source sampling) or to explicit weights.
 
-Each source is a data module of its own (``jsonl``, ``hf``, ``beir``, ``demo``: its own token cache, cleaning and
-validation split), built with the mix's shared ``data.*`` keys unless its spec sets them. Training draws from all of
-them through one ``MixSampler`` (``gte_pro.data.mix_sampling``); validation scores each source's held-out split as
-the named set ``<source>`` and logs their mean as ``val/<metric>`` (the monitored ``val/ndcg@10``).
+Each source is a data module of its own (``jsonl``, ``hf``, ``beir``, ``demo``: its own row source, token cache,
+cleaning and validation split), built by ``gte_pro.modes.build_data`` with the mix's shared ``data.*`` keys
+unless its spec sets them. Training draws from all of them through one ``MixSampler``
+(``gte_pro.data.mix_sampling``) under the mix's batching; validation scores each source's held-out split as the
+named set ``<source>`` and logs their mean as ``val/<metric>`` (the monitored ``val/ndcg@10``).
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
-import inspect
 import logging
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
+from lightning.pytorch import LightningDataModule
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
-from gte_pro.data.base import ContrastiveDataModule
-from gte_pro.data.beir import BeirDataModule
-from gte_pro.data.collaborators import COLLABORATORS
+from gte_pro.data.base import ContrastiveDataModule, TrainingPosition
+from gte_pro.data.batching import Batching
 from gte_pro.data.datasets import TokenizedPairs
-from gte_pro.data.demo import DemoDataModule
-from gte_pro.data.hf import HFDataModule
-from gte_pro.data.jsonl import JsonlDataModule
 from gte_pro.data.mix_sampling import MixedPairs, MixSampler, offsets_of, source_probabilities
 from gte_pro.data.records import Example
 from gte_pro.data.sampling import ResumableLoader
+from gte_pro.data.token_cache import Tokenization
+from gte_pro.data.validation import Validation
 from gte_pro.errors import DataError
 from gte_pro.retrieval import RetrievalSet
 
 log = logging.getLogger(__name__)
 
-SOURCE_TYPES: dict[str, type[ContrastiveDataModule]] = {
-    "jsonl": JsonlDataModule, "hf": HFDataModule, "beir": BeirDataModule, "demo": DemoDataModule}
 # one batch layout, tokenizer and loader for the whole mix: a source cannot set these (a source may set its
 # cleaning, split, max_length, eval_batch_size, cache_dir, its own query instruction (query_prefix, in place of the
 # model's: a decoder embedder's "Instruct: <task>\nQuery: " per task) and, with same_source_batches, num_negatives)
@@ -50,59 +48,10 @@ def _plain(value: Any) -> Any:
     return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
-def _arguments(cls: type) -> tuple[set[str], set[str]]:
-    """(accepted keyword arguments, required ones) of a source class, with the base data module's."""
-    accepted, required = set(), set()
-    for klass in (cls, ContrastiveDataModule):
-        for param in list(inspect.signature(klass.__init__).parameters.values())[1:]:
-            if param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY):
-                accepted.add(param.name)
-                if param.default is param.empty:
-                    required.add(param.name)
-    return accepted, required
-
-
-def _source_options(name: str, spec: Any) -> tuple[type[ContrastiveDataModule], dict[str, Any]]:
-    """(class, its own options) of ``data.sources.<name>``; every bad key is a DataError naming it."""
-    where = f"data.sources.{name}"
+def check_source_name(name: str) -> None:
     if not _NAME.fullmatch(name):
-        raise DataError(f"{where}: a source name may only hold letters, digits, '_' and '-' (it names the metrics "
-                        f"val/<name>/...)")
-    if not isinstance(spec, Mapping):
-        raise DataError(f"{where}={spec!r}: expected a mapping {{type: {'|'.join(SOURCE_TYPES)}, <its keys>}}")
-    options = {str(key): value for key, value in spec.items()}
-    kind = options.pop("type", None)
-    if kind not in SOURCE_TYPES:
-        got = " is required" if kind is None else f"={kind!r} is not a source type"
-        raise DataError(f"{where}.type{got}; valid choices: {', '.join(SOURCE_TYPES)}")
-    cls = SOURCE_TYPES[kind]
-    accepted, required = _arguments(cls)
-    for key in options:
-        if key in MIX_ONLY:
-            raise DataError(f"{where}.{key}: shared by all sources of a mix; set data.{key} instead")
-        if key not in accepted:
-            raise DataError(f"{where}.{key}: not a setting of a {kind} source; valid keys: type, "
-                            f"{', '.join(sorted(accepted - MIX_ONLY))}")
-    missing = sorted(required - set(options))
-    if missing:
-        raise DataError(f"{where}.{missing[0]} is required for a {kind} source (see conf/data/{kind}.yaml)")
-    return cls, options
-
-
-def build_sources(sources: Any, shared: dict[str, Any], same_source_batches: bool) -> dict[str, ContrastiveDataModule]:
-    """name -> data module of each ``data.sources`` entry: the shared keys, then the source's own."""
-    sources = _plain(sources)
-    if not isinstance(sources, Mapping) or not sources:
-        raise DataError(f"data.sources={sources!r}: expected at least one source, as name -> {{type: "
-                        f"{'|'.join(SOURCE_TYPES)}, <its keys>}}, e.g. "
-                        "data.sources='{qa: {type: jsonl, train_file: qa.jsonl}}'")
-    modules = {}
-    for name, spec in sources.items():
-        cls, options = _source_options(str(name), spec)
-        with _named(str(name)):
-            modules[str(name)] = cls(**{**shared, **options})
-    check_same_negatives(modules, same_source_batches)
-    return modules
+        raise DataError(f"data.sources.{name}: a source name may only hold letters, digits, '_' and '-' (it names "
+                        "the metrics val/<name>/...)")
 
 
 def check_same_negatives(modules: Mapping[str, ContrastiveDataModule], same_source_batches: bool) -> None:
@@ -143,7 +92,7 @@ def check_weights(weights: Any, names: Sequence[str]) -> list[float] | None:
 
 
 @contextlib.contextmanager
-def _named(name: str) -> Iterator[None]:
+def named_errors(name: str) -> Iterator[None]:
     """A source's data errors name the source they come from."""
     try:
         yield
@@ -174,48 +123,86 @@ class MixedRows(Sequence[Example]):
         return (row for part in self.parts for row in part)
 
 
-class MixDataModule(ContrastiveDataModule):
-    """Several sources, each batch from one of them (``same_source_batches``) or mixed row by row.
+@dataclass(frozen=True)
+class Mixing:
+    """How the sources are drawn: ``weights`` (name -> weight, or a list in the sources' order; None: p_i
+    proportional to n_i ** ``alpha``), and whether a global batch comes from one source (``same_source_batches``)."""
 
-    ``sources``: name -> {type: jsonl|hf|beir|demo, <that source's keys>}; ``weights``: name -> weight (none:
-    p_i proportional to n_i ** ``alpha``, n_i the source's training rows after cleaning). An epoch is
-    ``sum(n_i) // (batch_size x devices)`` steps. ``batch["rows"]`` are global rows: source i's rows follow
-    those of the sources before it (``train_rows`` reads them back).
+    weights: Any
+    alpha: float
+    same_source_batches: bool
+
+    module_name: ClassVar[str] = "MixDataModule"  # as model cards name a mix's source (gte_pro.data.sources)
+
+
+class MixDataModule(TrainingPosition, LightningDataModule):
+    """Several sources (name -> data module), each batch from one of them (``same_source_batches``) or mixed row
+    by row, batched by ``batching``; validation: each source's held-out split, then ``validation``'s named sets.
+
+    An epoch is ``sum(n_i) // (batch_size x devices)`` steps, n_i the source's training rows after cleaning.
+    ``batch["rows"]`` are global rows: source i's rows follow those of the sources before it (``train_rows`` reads
+    them back).
     """
 
     batches_from_train_sampler = False  # its own sampler over the sources' caches (train_dataloader)
 
-    def __init__(self, *, sources: Any, weights: Any = None, alpha: float = 0.5, same_source_batches: bool = True,
-                 **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.alpha = float(alpha)
-        self.same_source_batches = same_source_batches
-        # the collaborators (eval sets, a reranker's pair joining, ...) are the mix's, not its sources'
-        shared = {key: value for key, value in kwargs.items() if key not in COLLABORATORS}
-        self.sources = build_sources(sources, shared, same_source_batches)
-        for source in self.sources.values():  # data.decontaminate: each source against its split and eval.beir
-            source.decontaminate_sets = self.decontaminate_sets
-        self.weights = check_weights(weights, list(self.sources))
+    def __init__(self, sources: Mapping[str, ContrastiveDataModule], mixing: Mixing, batching: Batching,
+                 validation: Validation, form: Tokenization) -> None:
+        super().__init__()
+        if not sources:
+            raise DataError("data.sources: expected at least one source")
+        self.sources = dict(sources)
+        self.batching = batching
+        self.validation = validation
+        self.form = form  # the named sets' tokenization (the model's prompts)
+        self.alpha = float(mixing.alpha)
+        self.same_source_batches = mixing.same_source_batches
+        check_same_negatives(self.sources, self.same_source_batches)
+        self.weights = check_weights(mixing.weights, list(self.sources))
         # the module logs the mean of these sets' metrics as val/<metric> (the first set is not the held-out one)
         self.averaged_sets = list(self.sources)
         self.source_rows: dict[str, int] = {}
         self.probabilities: dict[str, float] = {}
+        self.reports: list[dict[str, Any]] = []
+        self.decontamination: dict[str, Any] | None = None
+        self.distill_loss = next(iter(self.sources.values())).distill_loss
 
-    def load_rows(self) -> tuple[list[Example], list[Example] | None, list[str]]:
-        # the base class's single-cache path: a mix overrides prepare_data/setup and never takes it (each source
-        # builds its own token cache), so reaching here is a programming error, not a missing feature
-        raise RuntimeError("MixDataModule has no rows of its own: read them through MixDataModule.sources")
+    @property
+    def batch_size(self) -> int:
+        return self.batching.batch_size
+
+    @property
+    def seed(self) -> int:
+        return self.batching.seed
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.form.tokenizer
+
+    @property
+    def negative_pool(self) -> Any:
+        return self.batching.negative_pool
+
+    @property
+    def candidate_source(self) -> Any:
+        return self.validation.candidate_source
+
+    @property
+    def num_negatives(self) -> int | None:
+        """One number where every source has the same (null until setup reads a file's own count)."""
+        counts = {source.num_negatives for source in self.sources.values()}
+        return counts.pop() if len(counts) == 1 else None
 
     def prepare_data(self) -> None:
         for name, source in self.sources.items():
-            with _named(name):
+            with named_errors(name):
                 source.prepare_data()
 
     def setup(self, stage: str | None = None) -> None:
         if self.source_rows:
             return
         for name, source in self.sources.items():
-            with _named(name):
+            with named_errors(name):
                 source.setup(stage)
         self.reports = [{**report, "mix_source": name} for name, source in self.sources.items()
                         for report in source.reports]
@@ -240,26 +227,21 @@ class MixDataModule(ContrastiveDataModule):
             raise RuntimeError("setup() first")
         trainer = self.trainer
         world_size, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        batching = self.batching
         for name, rows in self.source_rows.items():
-            if self.probabilities[name] > 0 and rows < self.batch_size * world_size:
-                raise DataError(f"data.sources.{name}: only {rows} training pairs, fewer than one global batch "
-                                f"(data.batch_size={self.batch_size} x {world_size} devices): lower the batch size, "
-                                f"add data or give it data.weights.{name}=0")
+            if self.probabilities[name] > 0:
+                batching.check_rows(rows, world_size, f"data.sources.{name}: ",
+                                    f"lower the batch size, add data or give it data.weights.{name}=0")
         sources = list(self.sources.values())
-        pairs = MixedPairs([TokenizedPairs(s.token_cache.token_rows(), s.num_negatives, self.seed) for s in sources])
-        lengths = [s.token_cache.lengths() for s in sources] if self.group_by_length else None
-        sampler = MixSampler(list(self.source_rows.values()), list(self.probabilities.values()), self.batch_size,
-                             world_size, rank, self.seed, self.same_source_batches, lengths, self.length_window)
-        loader = ResumableLoader(pairs, sampler, batch_size=self.batch_size, drop_last=True,
-                                 collate_fn=self.train_collate(self._require_tokenizer(),
-                                                               any(s.token_cache.scored for s in sources)),
-                                 num_workers=self.num_workers,
-                                 pin_memory=self.pin_memory, persistent_workers=self.persistent_workers)
-        if self._resume_position is not None:
-            loader.load_state_dict(self._resume_position)
-            self._resume_position = None
-        self._train_loader = loader
-        return loader
+        pairs = MixedPairs([TokenizedPairs(s.token_cache.token_rows(), s.num_negatives, batching.seed)
+                            for s in sources])
+        lengths = [s.token_cache.lengths() for s in sources] if batching.group_by_length else None
+        sampler = MixSampler(list(self.source_rows.values()), list(self.probabilities.values()),
+                             batching.batch_size, world_size, rank, batching.seed, self.same_source_batches, lengths,
+                             batching.length_window)
+        collate = batching.collate(self.form.require_tokenizer(), any(s.token_cache.scored for s in sources))
+        return self._serve(ResumableLoader(pairs, sampler, batch_size=batching.batch_size, drop_last=True,
+                                           collate_fn=collate, **batching.loader.kwargs()))
 
     def add_eval_sets(self, sets: Sequence[tuple[str, RetrievalSet]], batch_size: int | None = None,
                       max_length: int | None = None) -> None:
@@ -267,7 +249,11 @@ class MixDataModule(ContrastiveDataModule):
         if clash:
             raise DataError(f"eval.beir: the set name(s) {', '.join(clash)} are also data.sources names: both would "
                             "log val/<name>/...; name the BEIR set otherwise ({path: ..., name: ...})")
-        super().add_eval_sets(sets, batch_size, max_length)
+        self.validation.add_eval_sets(sets, batch_size, max_length)
+
+    @property
+    def extra_eval(self) -> list[tuple[str, RetrievalSet]]:
+        return self.validation.named_sets(self.form)
 
     def validation_sets(self) -> list[tuple[str, RetrievalSet]]:
         """Each source's held-out split under its name, then the eval.beir sets."""
@@ -275,8 +261,6 @@ class MixDataModule(ContrastiveDataModule):
         return [(name, source.retrieval) for name, source in self.sources.items()] + list(self.extra_eval)
 
     def val_dataloader(self) -> list[DataLoader]:
-        loaders = [self.eval_loader(index, source.retrieval, source.eval_batch_size, source.max_length,
-                                    query_prefix=source.query_prefix)
-                   for index, source in enumerate(self.sources.values())]
-        return loaders + [self.eval_loader(index, rs, self.extra_eval_batch_size, self.extra_eval_max_length)
-                          for index, (_, rs) in enumerate(self.extra_eval, start=len(loaders))]
+        first = [(source.retrieval, source.eval_batch_size, source.max_length, source.query_prefix)
+                 for source in self.sources.values()]
+        return self.validation.loaders(first, self.form)

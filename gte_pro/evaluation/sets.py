@@ -15,9 +15,10 @@ from transformers import PreTrainedTokenizerBase
 
 from gte_pro.data.beir import BeirSet, qrels_path, relevant_texts
 from gte_pro.data.cache import file_signature
-from gte_pro.data.collaborators import CandidateSource, PairJoiner
+from gte_pro.data.collaborators import CandidateSource
 from gte_pro.data.corpus_store import load_beir_stored
-from gte_pro.data.validation import ValidationSets
+from gte_pro.data.token_cache import Tokenization
+from gte_pro.data.validation import Validation
 from gte_pro.errors import ConfigError
 from gte_pro.retrieval import RetrievalSet
 from gte_pro.utils.cache import cache_root
@@ -107,30 +108,30 @@ def eval_set_source(cfg: Any) -> BeirEvalSets | None:
     return BeirEvalSets(cfg) if eval_cfg and eval_cfg.get("beir") else None
 
 
-class EvalDataModule(ValidationSets, LightningDataModule):
+class EvalDataModule(LightningDataModule):
     """Named retrieval sets only (``mode=eval``): one validation dataloader each, texts sorted by length (or, for a
     reranker, each query's candidate pairs)."""
 
-    def __init__(self, sets: Sequence[tuple[str, RetrievalSet]], tokenizer: PreTrainedTokenizerBase,
-                 batch_size: int = 128, max_length: int = 512, query_prefix: str = "", doc_prefix: str = "",
-                 num_workers: int = 0, pair_join: PairJoiner | None = None,
-                 candidates: CandidateSource | None = None) -> None:
+    def __init__(self, sets: Sequence[tuple[str, RetrievalSet]], form: Tokenization, validation: Validation) -> None:
         super().__init__()
         if not sets:
             raise ValueError("EvalDataModule: no evaluation sets")
-        self.init_validation_sets(batch_size, max_length, pair_join, candidates)
         self.sets = list(sets)
-        self.tokenizer = tokenizer
-        self.max_length = max_length
-        self.batch_size = batch_size
-        self.query_prefix = query_prefix
-        self.doc_prefix = doc_prefix
-        self.num_workers = num_workers
-        self.pin_memory = self.persistent_workers = False
+        self.form = form
+        self.validation = validation
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase | None:
+        return self.form.tokenizer
+
+    @property
+    def candidate_source(self) -> CandidateSource | None:
+        return self.validation.candidate_source
 
     def validation_sets(self) -> list[tuple[str, RetrievalSet]]:
         return list(self.sets)
 
     def val_dataloader(self) -> list[DataLoader]:
-        return [self.eval_loader(index, retrieval, self.batch_size, self.max_length)
+        batch_size = self.validation.eval_batch_size
+        return [self.validation.loader(index, retrieval, batch_size, self.form.max_length, self.form)
                 for index, (_, retrieval) in enumerate(self.sets)]

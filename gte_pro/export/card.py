@@ -6,11 +6,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hydra.utils import get_class
 from omegaconf import DictConfig
 
 from gte_pro.models.encoder import Encoder
 from gte_pro.utils.files import write_text_atomic
 from gte_pro.utils.tables import markdown_table
+
+
+def _source_name(target: str | None) -> str:
+    """The data source as cards have always named it (``module_name`` of the project's sources: ``JsonlDataModule``,
+    ...), or a class of the user's own by its name."""
+    if str(target).startswith("gte_pro.data."):
+        return str(get_class(str(target)).module_name)
+    return _short(target)
 
 
 def _short(target: str | None) -> str:
@@ -40,7 +49,7 @@ def card_sections(cfg: DictConfig, summary: dict[str, Any]) -> dict[str, dict[st
     }
     return {
         "base_model": base,
-        "data": {"source": _short(data.get("_target_")), **sources, "cleaning": kept or "n/a"},
+        "data": {"source": _source_name(data.get("_target_")), **sources, "cleaning": kept or "n/a"},
         "loss": {"loss": _short(cfg.loss.get("_target_")), "temperature": cfg.loss.get("temperature"),
                  "negatives gathered across devices": cfg.loss.get("gather_across_devices"),
                  **({"matryoshka dims": list(cfg.loss.matryoshka_dims)} if cfg.loss.get("matryoshka_dims") else {})},

@@ -162,8 +162,19 @@ def training_config(cfg: DictConfig) -> dict[str, Any]:
             if key in kept or not any(key == skip or key.startswith(skip + ".") for skip in skipped)}
 
 
+# data._target_ before the data module was made of parts (it named a data module class per source): an old config
+# file or run record names the same source (gte_pro.data, gte_pro.config.schema.schema_for read it too)
+RENAMED_TARGETS = {"gte_pro.data.demo.DemoDataModule": "gte_pro.data.demo.DemoRows",
+                   "gte_pro.data.jsonl.JsonlDataModule": "gte_pro.data.jsonl.JsonlRows",
+                   "gte_pro.data.hf.HFDataModule": "gte_pro.data.hf.HfRows",
+                   "gte_pro.data.beir.BeirDataModule": "gte_pro.data.beir_rows.BeirRows",
+                   "gte_pro.data.mix.MixDataModule": "gte_pro.data.mix.Mixing"}
+
+
 def _changed(then: Any, now: Any, recorded: bool) -> bool:
     # a key the record lacks came with a newer version of the project: only a setting that is on is a change
+    if isinstance(then, str):
+        then = RENAMED_TARGETS.get(then, then)
     return then != now if recorded else now not in (None, False, 0, "", [], {})
 
 

@@ -21,13 +21,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from gte_pro.config.cross_keys import DISTILL_LOSSES, training_file
 from gte_pro.config.resolve import Resolution, resolve
-from gte_pro.data.from_config import build_datamodule
 from gte_pro.errors import ConfigError
 from gte_pro.launch.checkpoint_io import AtomicCheckpointIO
 from gte_pro.launch.environment import cpu_has_native_bf16, emulated_bf16_warning
 from gte_pro.models import model_options
 from gte_pro.models.cross_encoder import CrossEncoder
 from gte_pro.models.encoder import Encoder
+from gte_pro.modes.build_data import build_datamodule
 from gte_pro.scoring.teacher_file import loss_options
 from gte_pro.training.base_module import TrainingModule
 from gte_pro.training.callbacks import decide_before_last_checkpoint

@@ -18,6 +18,9 @@ from typing import Any
 from lightning.pytorch import LightningDataModule
 from omegaconf import DictConfig, OmegaConf
 
+from gte_pro.data.batching import LoaderOptions
+from gte_pro.data.token_cache import Tokenization
+from gte_pro.data.validation import Validation
 from gte_pro.evaluation.report import HELD_OUT, merge_results, metrics_by_set, metrics_table, optimized_value
 from gte_pro.evaluation.sets import EvalDataModule, eval_set_specs, load_eval_sets
 from gte_pro.models.cross_encoder import CrossEncoder
@@ -44,9 +47,12 @@ def eval_datamodule(cfg: DictConfig, module: TrainingModule) -> LightningDataMod
     sets = load_eval_sets(cfg, encoder.tokenizer, encoder.doc_prefix, encoder.max_length)
     if not sets:
         return build_data_for(cfg, module)
-    return EvalDataModule(sets, encoder.tokenizer, batch_size=cfg.eval.batch_size, max_length=cfg.eval.max_length,
-                          query_prefix=encoder.query_prefix, doc_prefix=encoder.doc_prefix,
-                          num_workers=cfg.data.num_workers, **task_collaborators(module))
+    form = Tokenization(encoder.tokenizer, int(cfg.eval.max_length), encoder.query_prefix, encoder.doc_prefix)
+    # the data's worker processes; pinned memory and persistent workers are a training loader's
+    loader = LoaderOptions(int(cfg.data.num_workers), pin_memory=False, persistent_workers=False)
+    validation = Validation(eval_batch_size=int(cfg.eval.batch_size), val_distractors=None, loader=loader,
+                            eval_sets=None, **{"pair_join": None, "candidates": None, **task_collaborators(module)})
+    return EvalDataModule(sets, form, validation)
 
 
 def _set_details(cfg: DictConfig, datamodule: Any) -> dict[str, dict[str, Any]]:

@@ -8,10 +8,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from gte_pro.config.schema.data import JsonlData
+
 
 def training_file(cfg: DictConfig) -> str:
     """The run's JSON-lines training file, or a placeholder for a source that is not one (demo, hf, beir, mix)."""
-    if cfg.data._target_ == "gte_pro.data.jsonl.JsonlDataModule":
+    if cfg.data._target_ == JsonlData._target_:
         return str(cfg.data.train_file)
     return "<train.jsonl>"
 

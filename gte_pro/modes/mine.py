@@ -147,7 +147,7 @@ def mine(cfg: DictConfig) -> None:
     cache_dir = cache_root(OmegaConf.select(cfg, "paths.cache_dir", default=None))
     store_folder = partial(ensure_text_store, corpus_files, encoder.tokenizer, int(cfg.mine.max_length),
                            encoder.doc_prefix, cache_dir) if corpus_files else None
-    data = MiningData(source, store_folder, int(getattr(source, "min_doc_chars", 0) or 0))
+    data = MiningData(source, store_folder, int(cfg.data.min_doc_chars))
     batch_size, max_length = int(cfg.mine.batch_size), int(cfg.mine.max_length)
     fabric = build_fabric(cfg)  # nothing is trained: no checkpoints, no loggers
     start = time.perf_counter()

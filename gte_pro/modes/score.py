@@ -27,6 +27,7 @@ from lightning.fabric import Fabric
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from gte_pro.config.schema.data import JsonlData
 from gte_pro.errors import ConfigError, MissingModelError
 from gte_pro.launch.stop import STOP
 from gte_pro.models.teacher import Teacher, load_teacher
@@ -44,7 +45,7 @@ from gte_pro.scoring.shards import ShardFolder
 from gte_pro.scoring.teacher_file import file_groups, file_shapes, flat_groups, teacher_record, write_record
 from gte_pro.utils.timing import peak_rss_mb_per_rank
 
-JSONL_DATA = "gte_pro.data.jsonl.JsonlDataModule"
+JSONL_DATA = JsonlData._target_
 
 
 def score_shards(fabric: Fabric, teacher: Teacher, source: str, shards: ShardFolder, batch_size: int,

@@ -39,6 +39,7 @@ from gte_pro.config.schema.mining import MineSchema
 from gte_pro.config.schema.model import CrossEncoderSchema, EncoderSchema
 from gte_pro.config.schema.run import RunSchema, TrainerSchema
 from gte_pro.config.schema.score import ScoreSchema
+from gte_pro.data import OLD_TARGETS as OLD_DATA_TARGETS
 from gte_pro.models import OLD_TARGETS
 
 SCHEMAS: dict[str, dict[str, type]] = {
@@ -66,7 +67,8 @@ def schema_for(group: str, target: object) -> type | None:
     export, trainer and the top level); None for a class of the user's own."""
     if group in FIXED_SCHEMAS:
         return FIXED_SCHEMAS[group]
-    target = OLD_TARGETS.get(target, target) if isinstance(target, str) else target
+    if isinstance(target, str):
+        target = OLD_TARGETS.get(target, OLD_DATA_TARGETS.get(target, target))
     return next((schema for schema in SCHEMAS.get(group, {}).values()
                  if schema.__dataclass_fields__["_target_"].default == target), None)
 

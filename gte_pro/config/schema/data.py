@@ -69,7 +69,7 @@ class DataCommon:
 class DemoData(DataCommon):
     """The offline demo corpus: summary line -> body of Python standard-library docstrings."""
 
-    _target_: str = "gte_pro.data.demo.DemoDataModule"
+    _target_: str = "gte_pro.data.demo.DemoRows"
     max_distractors: int | None = setting(1000, "cap on the corpus documents used as validation distractors "
                                           "(null: all)", integer(0, optional=True))
     val_fraction: float = redefault(DataCommon, "val_fraction", 0.1)
@@ -82,7 +82,7 @@ class DemoData(DataCommon):
 class JsonlData(DataCommon):
     """Your own JSON-lines file(s)."""
 
-    _target_: str = "gte_pro.data.jsonl.JsonlDataModule"
+    _target_: str = "gte_pro.data.jsonl.JsonlRows"
     train_file: str = setting(MISSING, "the training file: one {query, positive(s)[, negatives]} object a line")
     val_file: str | None = setting(None, "a validation file of the same layout; null: hold out data.val_fraction "
                                    "of the training queries", text(optional=True))
@@ -101,7 +101,7 @@ class HfColumns:
 class HfData(DataCommon):
     """A Hugging Face ``datasets`` dataset: hub name, local data folder (json/csv/parquet) or save_to_disk folder."""
 
-    _target_: str = "gte_pro.data.hf.HFDataModule"
+    _target_: str = "gte_pro.data.hf.HfRows"
     path: str = setting(MISSING, "hub name, local data folder (json/csv/parquet) or save_to_disk folder")
     name: str | None = setting(None, "the dataset's configuration name")
     train_split: str = setting("train", "the training split")
@@ -114,7 +114,7 @@ class BeirData(DataCommon):
     """A BEIR folder as training data: pairs from qrels/<train_split>.tsv (score > 0), validation on the first of
     val_splits that exists, over the whole corpus (none: val_fraction of the training queries is held out)."""
 
-    _target_: str = "gte_pro.data.beir.BeirDataModule"
+    _target_: str = "gte_pro.data.beir_rows.BeirRows"
     path: str = setting(MISSING, "the BEIR folder (corpus.jsonl, queries.jsonl, qrels/)")
     train_split: str = setting("train", "the qrels file of the training pairs (score > 0)")
     val_splits: list[str] = setting(["dev", "test"], "validation on the first of these qrels files that exists")
@@ -126,7 +126,7 @@ class BeirData(DataCommon):
 class MixData(DataCommon):
     """Several sources in one run (conf/data/mix.yaml says how they are drawn and validated)."""
 
-    _target_: str = "gte_pro.data.mix.MixDataModule"
+    _target_: str = "gte_pro.data.mix.Mixing"
     sources: Any = setting(MISSING, "name -> source: `type` (jsonl, hf, beir or demo) plus that type's own keys; "
                            "checked per source")
     weights: Any = setting(None, "null: p_i proportional to n_i ** alpha; or name -> weight (>= 0, not all zero), "
