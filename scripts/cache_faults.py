@@ -359,7 +359,7 @@ def case_tokenizer_race(seed: int) -> dict[str, Any]:
 def _demo_file(cache: Path) -> Path:
     from gte_pro.data.demo import load_demo_splits
 
-    splits = load_demo_splits(cache, max_distractors=50, min_query_chars=5, min_doc_chars=20)
+    splits = load_demo_splits(cache, val_fraction=0.1, max_distractors=50, min_query_chars=5, min_doc_chars=20)
     assert splits.train and splits.val
     return next(cache.glob("demo_stdlib_*.json"))
 

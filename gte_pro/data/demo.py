@@ -72,8 +72,8 @@ def _drop_ambiguous_queries(examples: list[Example], report: CleaningReport) -> 
     return kept
 
 
-def build_demo_splits(val_fraction: float = 0.1, min_query_chars: int = 10, min_doc_chars: int = 40,
-                      max_distractors: int = 1000) -> DemoSplits:
+def build_demo_splits(*, val_fraction: float, min_query_chars: int, min_doc_chars: int,
+                      max_distractors: int | None) -> DemoSplits:
     """Clean, de-duplicate and split the stdlib pairs; the split is a hash of the query, so it never drifts."""
     raw, raw_distractors = stdlib_docstrings()
     pairs, report = clean_examples(raw, "demo (stdlib docstrings)", min_query_chars, min_doc_chars)
