@@ -14,13 +14,13 @@ def run_ours(opts: argparse.Namespace, variant: Variant) -> Result:
 
     from gte_pro.export.writers import export_sentence_transformers
     from gte_pro.modes.build import (
-        build_datamodule,
         build_encoder,
         build_module,
         build_trainer,
         instantiate_dict,
         seed_and_precision,
     )
+    from gte_pro.modes.build_data import build_datamodule
 
     cfg = compose_cfg(opts, variant.overrides)
     clock, first = StepClock(), {}

@@ -57,7 +57,8 @@ def run_plain(opts: argparse.Namespace, variant: Variant, seed_recipe: bool = Fa
     import torch.nn.functional as F
 
     from gte_pro.export.writers import export_sentence_transformers
-    from gte_pro.modes.build import build_datamodule, build_encoder, seed_and_precision
+    from gte_pro.modes.build import build_encoder, seed_and_precision
+    from gte_pro.modes.build_data import build_datamodule
     from gte_pro.training.losses import split_documents
 
     # the recipe computes all 512 positions: no length chunks

@@ -17,7 +17,7 @@ def score_model(opts: argparse.Namespace) -> Result:
     """NDCG@10 / Recall@10 of the model in ``opts.model_dir`` (None: the untrained one) on the held-out split."""
     from gte_pro.evaluation.metrics import evaluate_embeddings
     from gte_pro.models.encoder import Encoder
-    from gte_pro.modes.build import build_datamodule
+    from gte_pro.modes.build_data import build_datamodule
     from gte_pro.retrieval import RetrievalSet
 
     cfg = compose_cfg(opts)

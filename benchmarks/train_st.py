@@ -18,7 +18,7 @@ def st_pairs(cfg: Any, tokenizer: Any) -> Any:
     """The training pairs of the composed data config (after its cleaning and held-out split), as a dataset."""
     import datasets
 
-    from gte_pro.modes.build import build_datamodule
+    from gte_pro.modes.build_data import build_datamodule
 
     datamodule = build_datamodule(cfg, tokenizer)
     datamodule.prepare_data()
