@@ -97,13 +97,13 @@ def test_composed_config_is_the_product_config_without_validation(tmp_path):
     assert cfg.trainer.limit_val_batches == 0 and cfg.trainer.num_sanity_val_steps == 0
     assert not cfg.trainer.enable_checkpointing and not cfg.logger and not cfg.callbacks
     assert cfg.model.attn_implementation == "eager" and cfg.trainer.precision == "32-true"
-    assert cfg.data._target_.endswith("DemoDataModule")
+    assert cfg.data._target_.endswith("DemoRows")
 
 
 def test_pairs_file_selects_jsonl_data(tmp_path):
     pairs = write_jsonl(tmp_path / "p.jsonl", [{"query": f"q{i}", "positive": f"p{i}"} for i in range(4)])
     cfg = common.compose_cfg(_opts(tmp_path, pairs_file=str(pairs), precision="bf16-mixed"))
-    assert cfg.data._target_.endswith("JsonlDataModule") and cfg.data.train_file == str(pairs)
+    assert cfg.data._target_.endswith("JsonlRows") and cfg.data.train_file == str(pairs)
     assert cfg.trainer.precision == "bf16-mixed"
 
 

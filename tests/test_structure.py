@@ -188,11 +188,12 @@ def test_no_private_name_is_imported_from_another_folder():
 # A data module is handed its collaborators (negative pools, pair joiners, candidates, eval sets: the protocols of
 # gte_pro/data/collaborators.py) when it is built; no module outside gte_pro/data writes into it afterwards. A data
 # module is a name or attribute called *datamodule*/*data_module* (``dm``), a name annotated with a *DataModule type,
-# or a name bound to a call that builds one (build_datamodule, build_data_for, eval_datamodule, *DataModule(...)).
+# or a name bound to a call that builds one (build_datamodule, build_data_for, eval_datamodule, data_module,
+# datamodule_of, *DataModule(...)).
 # A write is an assignment (also augmented or annotated) to one of its attributes or items, ``setattr`` on it, or a
 # call of one of its ``add_*``/``set_*``/``attach_*`` methods.
 _DATA_MODULE_WORDS = ("datamodule", "data_module")
-_DATA_MODULE_BUILDERS = ("build_datamodule", "build_data_for", "eval_datamodule")
+_DATA_MODULE_BUILDERS = ("build_datamodule", "build_data_for", "eval_datamodule", "data_module", "datamodule_of")
 _MUTATING_PREFIXES = ("add_", "set_", "attach_")
 
 
