@@ -109,6 +109,15 @@ class ContrastiveDataModule(TrainingPosition, LightningDataModule):
         return self.batching.batch_size
 
     @property
+    def val_fraction(self) -> float:
+        """The share of the training queries held out by their hash (unless ``val_file`` names the validation)."""
+        return self.tokens.val_fraction
+
+    @property
+    def val_file(self) -> str | None:
+        return self.source.val_file
+
+    @property
     def eval_batch_size(self) -> int:
         return self.validation.eval_batch_size
 

@@ -139,10 +139,9 @@ def hash_held_out_rows(source: Any) -> list[Example]:
     """The data module's validation rows if it split them off its training rows by the query hash (every one of
     them is in the hash's validation buckets), else [] (a separate validation file or split: the user passes it
     again; writing its rows into the training file would train on them)."""
-    cache, tokens, rows = (getattr(source, name, None) for name in ("token_cache", "tokens", "source"))
-    if cache is None or tokens is None or getattr(rows, "val_file", None):
+    cache, fraction = getattr(source, "token_cache", None), getattr(source, "val_fraction", None)
+    if cache is None or fraction is None or getattr(source, "val_file", None):
         return []
-    fraction = tokens.val_fraction
     val, _ = cache.validation()
     return val if val and all(is_held_out(ex.query, fraction) for ex in val) else []
 

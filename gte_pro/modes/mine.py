@@ -168,7 +168,7 @@ def mine(cfg: DictConfig) -> None:
         details = {"model": model, "world_size": fabric.world_size,
                    "precision": str(cfg.trainer.precision), "options": vars(options),
                    "corpus_files": corpus_files, "batch_size": batch_size, "max_length": max_length,
-                   "val_fraction": getattr(source, "val_fraction", None),
+                   "val_fraction": float(cfg.data.val_fraction),
                    "seconds": round(seconds, 3), "texts_per_s": round(texts / max(seconds, 1e-9), 1),
                    "peak_rss_mb_per_rank": [round(mb, 1) for mb in peaks],
                    **{name: round(value, 3) for name, value in mined.timings.items()}}
