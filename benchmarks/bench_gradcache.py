@@ -40,6 +40,7 @@ import torch
 from harness import Column, Result
 
 from gte_pro import packaged_minilm_path
+from gte_pro.config.defaults import default_loss
 from gte_pro.data.collate import PairCollator
 from gte_pro.models.encoder import Encoder
 from gte_pro.training.gradcache import cached_step
@@ -100,7 +101,7 @@ def measure_config(payload: dict[str, Any]) -> Result:
     device = torch.device(payload["device"])
     torch.manual_seed(0)
     encoder = Encoder.load(packaged_minilm_path(), max_length=payload["max_length"], length_chunks=1).to(device)
-    loss_fn = InfoNCELoss(temperature=0.05)
+    loss_fn = default_loss("infonce", temperature=0.05)
     optimizer = torch.optim.AdamW(encoder.parameters(), lr=1e-5)
     collate = PairCollator(encoder.tokenizer, payload["max_length"])
     rows = demo_pairs(batch_size * steps, payload["cache_dir"])

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gte_pro.config.defaults import default_loss
+
 
 def auto_choice(cfg: Any, budget: float) -> int | None:
     """What ``loss.mini_batch_size=auto`` in ``cfg`` resolves to under ``budget`` bytes, every text at full length
@@ -27,7 +29,7 @@ def measured_loss_peak(cfg: Any, steps: int = 2) -> float:
 
     from gte_pro.modes.build import build_encoder
     from gte_pro.training.gradcache import cached_loss
-    from gte_pro.training.losses import InfoNCELoss, split_documents
+    from gte_pro.training.losses import split_documents
     from gte_pro.utils.live_bytes import LiveBytes
 
     torch.manual_seed(0)
@@ -37,7 +39,7 @@ def measured_loss_peak(cfg: Any, steps: int = 2) -> float:
     query = {"input_ids": ids[:batch], "attention_mask": torch.ones_like(ids[:batch])}
     docs = {"input_ids": ids[batch:], "attention_mask": torch.ones_like(ids[batch:])}
     optimizer = torch.optim.AdamW([p for p in encoder.parameters() if p.requires_grad], lr=1e-4)
-    loss_fn, mini_batch = InfoNCELoss(temperature=0.05), cfg.loss.get("mini_batch_size")
+    loss_fn, mini_batch = default_loss("infonce", temperature=0.05), cfg.loss.get("mini_batch_size")
     counter = LiveBytes()
     counter.add([*encoder.parameters(), *encoder.buffers()])
     with counter:

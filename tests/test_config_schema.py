@@ -130,6 +130,16 @@ def test_no_part_of_a_data_module_keeps_a_default_of_its_own():
     assert not defaults, f"defaults restated outside the schemas: {defaults}"
 
 
+@pytest.mark.parametrize("option", sorted(SCHEMAS["loss"]))
+def test_no_loss_keeps_a_default_of_its_own(option):
+    """A loss takes every key of its schema (conf/loss/<option>.yaml) by keyword and states no default:
+    ``gte_pro.config.defaults.default_loss`` builds one with the schema's for use without a config."""
+    target = SCHEMAS["loss"][option].__dataclass_fields__["_target_"].default
+    defaults = {name: param.default for name, param in _parameters(target).items()
+                if param.default is not inspect.Parameter.empty}
+    assert not defaults, f"{target} restates defaults of its schema: {defaults}"
+
+
 @pytest.mark.parametrize(("group", "option", "schema"), TARGETED, ids=[f"{g}/{o}" for g, o, _ in TARGETED])
 def test_a_constructor_default_is_the_schemas(group, option, schema):
     """A default the code keeps (for use without a config) must be the schema's, or the two runs differ."""

@@ -21,6 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gte_pro.config.defaults import default_loss
 from gte_pro.errors import ConfigError
 from gte_pro.train import train
 from gte_pro.training.losses import DistillKLLoss, InfoNCELoss, MarginMSELoss
@@ -66,7 +67,7 @@ def test_margin_mse_equals_sentence_transformers(similarity, k):
 
     q, p, n, teacher = _inputs()
     n, teacher = n[:, :k], teacher[:, : 1 + k]
-    ours = MarginMSELoss(similarity=similarity)(q, p, n, teacher_scores=teacher).loss
+    ours = default_loss("margin_mse", similarity=similarity)(q, p, n, teacher_scores=teacher).loss
     reference_loss = STMarginMSE(None, pairwise_dot_score if similarity == "dot" else pairwise_cos_sim)
     # sentence-transformers takes [query, positive, negative_1, ...] and labels [t_pos, t_neg_1, ...] (it forms
     # the teacher margins itself)
@@ -76,9 +77,9 @@ def test_margin_mse_equals_sentence_transformers(similarity, k):
 
 def test_margin_mse_with_infonce_weight_adds_the_in_batch_term():
     q, p, n, teacher = _inputs(1)
-    alone = MarginMSELoss(weight_infonce=0.0)(q, p, n, teacher_scores=teacher).loss
-    infonce = InfoNCELoss(temperature=0.05, similarity="dot")(q, p, n).loss  # the loss's similarity: dot
-    combined = MarginMSELoss(temperature=0.05, weight_infonce=0.3)(q, p, n, teacher_scores=teacher).loss
+    alone = default_loss("margin_mse", weight_infonce=0.0)(q, p, n, teacher_scores=teacher).loss
+    infonce = default_loss("infonce", temperature=0.05, similarity="dot")(q, p, n).loss  # the loss's similarity: dot
+    combined = default_loss("margin_mse", temperature=0.05, weight_infonce=0.3)(q, p, n, teacher_scores=teacher).loss
     _assert_close(combined, alone + 0.3 * infonce, (q, p, n))
 
 
@@ -103,8 +104,8 @@ def _flag_embedder_model():
 def test_distill_kl_equals_flagembeddings_formula(similarity, teacher_temperature):
     q, p, n, teacher = _inputs(2)
     tau = 0.05
-    ours = DistillKLLoss(temperature=tau, teacher_temperature=teacher_temperature, weight_infonce=0.0,
-                         similarity=similarity)(q, p, n, teacher_scores=teacher).loss
+    ours = default_loss("distill_kl", temperature=tau, teacher_temperature=teacher_temperature, weight_infonce=0.0,
+                        similarity=similarity)(q, p, n, teacher_scores=teacher).loss
     # FlagEmbedding: teacher_targets = softmax(teacher_scores), student scores = similarity / temperature
     student = _own_scores(q, p, n, similarity == "cosine") / tau
     reference = _flag_kl_div(F.softmax(teacher / teacher_temperature, dim=-1), student)
@@ -119,7 +120,8 @@ def test_distill_kl_equals_flagembeddings_formula(similarity, teacher_temperatur
 def test_distill_kl_equals_flagembeddings_own_function():
     model = _flag_embedder_model()
     q, p, n, teacher = _inputs(3)
-    ours = DistillKLLoss(temperature=0.05, weight_infonce=0.0, similarity="dot")(q, p, n, teacher_scores=teacher)
+    loss = default_loss("distill_kl", temperature=0.05, weight_infonce=0.0, similarity="dot")
+    ours = loss(q, p, n, teacher_scores=teacher)
     reference = model.distill_loss("kl_div", F.softmax(teacher, dim=-1), _own_scores(q, p, n, False) / 0.05)
     _assert_close(ours.loss, reference, (q, p, n))
 
@@ -130,7 +132,7 @@ def test_distill_kl_with_weight_1_equals_flagembeddings_in_batch_loss():
     model = _flag_embedder_model()
     q, p, n, teacher = _inputs(4)
     tau = 0.05
-    ours = DistillKLLoss(temperature=tau, similarity="dot")(q, p, n, teacher_scores=teacher).loss
+    ours = default_loss("distill_kl", temperature=tau, similarity="dot")(q, p, n, teacher_scores=teacher).loss
     # FlagEmbedding's layout: each query's group [positive, its negatives], groups in query order
     p_reps = torch.cat([p[:, None], n], dim=1).reshape(-1, DIM)
     fake = SimpleNamespace(kd_loss_type="kl_div", distill_loss=model.distill_loss,
@@ -146,8 +148,8 @@ def test_distill_kl_with_weight_1_equals_flagembeddings_in_batch_loss():
 def test_a_slot_without_teacher_score_is_left_out(name):
     """A NaN slot counts as if that negative were not there; a row with no scored negative adds nothing."""
     q, p, n, teacher = _inputs(5)
-    make = {"distill_kl": lambda: DistillKLLoss(weight_infonce=0.0),
-            "margin_mse": lambda: MarginMSELoss(weight_infonce=0.0)}[name]
+    make = {"distill_kl": lambda: default_loss("distill_kl", weight_infonce=0.0),
+            "margin_mse": lambda: default_loss("margin_mse", weight_infonce=0.0)}[name]
     holes = teacher.clone()
     holes[1, 2] = math.nan
     holes[3, 1:] = math.nan  # no negative of query 3 is scored
@@ -171,7 +173,7 @@ def test_a_query_without_any_teacher_score_adds_nothing_and_no_nan():
     holes = teacher.clone()
     holes[2] = math.nan  # e.g. a row of an unscored source in data=mix
     keep = [0, 1, 3, 4]
-    for make in (lambda: DistillKLLoss(weight_infonce=0.0), lambda: MarginMSELoss()):
+    for make in (lambda: default_loss("distill_kl", weight_infonce=0.0), lambda: default_loss("margin_mse")):
         ours = make()(q, p, n, teacher_scores=holes).loss
         reference = make()(q[keep], p[keep], n[keep], teacher_scores=teacher[keep]).loss
         assert ours.item() == pytest.approx(reference.item(), rel=1e-9)
@@ -181,13 +183,13 @@ def test_a_query_without_any_teacher_score_adds_nothing_and_no_nan():
     unscored = torch.full_like(teacher, math.nan)
     for make in (DistillKLLoss, MarginMSELoss):
         out = make(weight_infonce=0.5, temperature=0.05)(q, p, n, teacher_scores=unscored).loss
-        infonce = InfoNCELoss(temperature=0.05, similarity=make().similarity)(q, p, n).loss
+        infonce = default_loss("infonce", temperature=0.05, similarity=make().similarity)(q, p, n).loss
         _assert_close(out, 0.5 * infonce, (q, p, n))
 
 
 def test_distillation_needs_teacher_scores_and_negatives():
     q, p, n, teacher = _inputs()
-    for loss in (DistillKLLoss(), MarginMSELoss()):
+    for loss in (default_loss("distill_kl"), default_loss("margin_mse")):
         with pytest.raises(ConfigError, match="needs teacher scores: give the training rows pos_scores"):
             loss(q, p, n)
         with pytest.raises(ConfigError, match="data.num_negatives >= 1"):
@@ -196,8 +198,9 @@ def test_distillation_needs_teacher_scores_and_negatives():
 
 def test_matryoshka_sums_the_distillation_loss_at_each_width():
     q, p, n, teacher = _inputs(7)
-    ours = DistillKLLoss(matryoshka_dims=[16, 8], matryoshka_weights=[1.0, 0.5])(q, p, n, teacher_scores=teacher)
-    widths = [DistillKLLoss()(q[:, :d], p[:, :d], n[..., :d], teacher_scores=teacher).loss for d in (16, 8)]
+    loss = default_loss("distill_kl", matryoshka_dims=[16, 8], matryoshka_weights=[1.0, 0.5])
+    ours = loss(q, p, n, teacher_scores=teacher)
+    widths = [default_loss("distill_kl")(q[:, :d], p[:, :d], n[..., :d], teacher_scores=teacher).loss for d in (16, 8)]
     _assert_close(ours.loss, widths[0] + 0.5 * widths[1], (q, p, n))
 
 

@@ -29,6 +29,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.utils.data import DataLoader
 
 from gte_pro import packaged_minilm_path
+from gte_pro.config.defaults import default_loss
 from gte_pro.data.collate import PairCollator
 from gte_pro.models.encoder import Encoder
 from gte_pro.modes.build import build_encoder, build_module, build_trainer
@@ -226,7 +227,8 @@ def test_config_keeps_automatic_optimisation_clipping_and_accumulation_in_the_tr
 
 
 def test_accumulating_batches_warns_once_that_it_adds_no_negatives(caplog):
-    module = ContrastiveModule(encoder=torch.nn.Identity(), loss=InfoNCELoss(), optimizer=torch.optim.SGD, lr=0.1)
+    module = ContrastiveModule(encoder=torch.nn.Identity(), loss=default_loss("infonce"), optimizer=torch.optim.SGD,
+                               lr=0.1)
     module.trainer = SimpleNamespace(accumulate_grad_batches=4)
     with pytest.warns(UserWarning, match=r"in-batch negatives.*loss\.mini_batch_size"):
         module.on_fit_start()
@@ -234,7 +236,7 @@ def test_accumulating_batches_warns_once_that_it_adds_no_negatives(caplog):
         warnings.simplefilter("error")
         module.on_fit_start()  # once is enough
         # with the cached loss, accumulation is a deliberate way to a larger optimizer batch: said, not warned
-        cached = ContrastiveModule(encoder=torch.nn.Identity(), loss=InfoNCELoss(mini_batch_size=8),
+        cached = ContrastiveModule(encoder=torch.nn.Identity(), loss=default_loss("infonce", mini_batch_size=8),
                                    optimizer=torch.optim.SGD, lr=0.1)
         cached.trainer = SimpleNamespace(accumulate_grad_batches=2, is_global_zero=True)
         with caplog.at_level(logging.INFO):
@@ -243,7 +245,7 @@ def test_accumulating_batches_warns_once_that_it_adds_no_negatives(caplog):
 
 
 def test_the_cached_loss_refuses_fsdp():
-    module = ContrastiveModule(encoder=torch.nn.Identity(), loss=InfoNCELoss(mini_batch_size=8),
+    module = ContrastiveModule(encoder=torch.nn.Identity(), loss=default_loss("infonce", mini_batch_size=8),
                                optimizer=torch.optim.SGD, lr=0.1)
     module.trainer = SimpleNamespace(accumulate_grad_batches=1, strategy=FSDPStrategy())
     with pytest.raises(ValueError, match="fsdp"):

@@ -16,9 +16,10 @@ from lightning.pytorch import Callback
 from torch.utils.data import DataLoader
 
 from gte_pro import packaged_minilm_path
+from gte_pro.config.defaults import default_loss
 from gte_pro.modes.build import build_datamodule, build_encoder, build_module, build_trainer, seed_and_precision
 from gte_pro.training.guard import NonFiniteGuard, NonFiniteLossError
-from gte_pro.training.losses import InfoNCELoss, LossOutput
+from gte_pro.training.losses import LossOutput
 from gte_pro.training.module import ContrastiveModule
 
 
@@ -168,8 +169,8 @@ def _small_fit(steps: int = 2, **trainer_options: Any) -> ContrastiveModule:
 
     torch.manual_seed(0)
     encoder = Encoder.load(packaged_minilm_path(), random_init_config=TINY, max_length=32)
-    module = ContrastiveModule(encoder=encoder, loss=InfoNCELoss(max_skipped_steps=5), optimizer=torch.optim.AdamW,
-                               lr=1e-3)
+    module = ContrastiveModule(encoder=encoder, loss=default_loss("infonce", max_skipped_steps=5),
+                               optimizer=torch.optim.AdamW, lr=1e-3)
     loader = DataLoader(ROWS, batch_size=3, collate_fn=PairCollator(encoder.tokenizer, encoder.max_length))
     trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, max_steps=steps,
                       enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, **trainer_options)
@@ -240,7 +241,7 @@ def test_one_ranks_nan_skips_the_step_on_both_ranks(tmp_path: Path):
     torch.manual_seed(0)
     encoder = Encoder.load(packaged_minilm_path(), random_init_config=TINY, max_length=32)
     out = str(tmp_path / "rank")
-    module = _RankPoisoned(encoder=encoder, loss=InfoNCELoss(), optimizer=torch.optim.AdamW, lr=1e-3, out=out)
+    module = _RankPoisoned(encoder=encoder, loss=default_loss("infonce"), optimizer=torch.optim.AdamW, lr=1e-3, out=out)
     loader = DataLoader(ROWS * 2, batch_size=2, collate_fn=PairCollator(encoder.tokenizer, encoder.max_length))
     trainer = Trainer(accelerator="cpu", devices=2, max_steps=3, logger=False,
                       strategy=DDPStrategy(start_method="spawn", timeout=timedelta(seconds=120)),

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from gte_pro.config.checks import config_problems
+from gte_pro.config.defaults import default_loss
 from gte_pro.training.losses import GTELoss, InfoNCELoss
 from gte_pro.training.telemetry import step_telemetry
 from tests.test_losses import _unit
@@ -73,8 +74,8 @@ def test_a_worked_example_by_hand():
     query = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
 
     def loss(**options):
-        return InfoNCELoss(temperature=tau, guide="g", **options)(
-            query, student[:1], student[1:][None], guide=(query, guide[:1], guide[1:][None]))
+        return default_loss("infonce", temperature=tau, guide="g", **options)(
+                            query, student[:1], student[1:][None], guide=(query, guide[:1], guide[1:][None]))
 
     out = loss()
     assert out.loss.item() == pytest.approx(-math.log(math.exp(5) / (math.exp(5) + math.exp(2))), rel=1e-12)
@@ -129,19 +130,20 @@ def test_off_is_the_plain_loss_bit_for_bit(loss_cls):
 
 
 def test_the_guide_masks_every_width_and_the_distillation_losses_in_batch_term():
-    from gte_pro.training.losses import DistillKLLoss
 
     q, pos, neg = _inputs(2)
     guide = _guide_inputs(2)
     options = {"guide": "g", "temperature": TAU}
-    both = InfoNCELoss(matryoshka_dims=[16, 8], **options)(q, pos, neg, guide=guide)
-    wide = InfoNCELoss(**options)(q, pos, neg, guide=guide)
-    narrow = InfoNCELoss(**options)(q[:, :8], pos[:, :8], neg[..., :8], guide=guide)  # the guide at its own width
+    both = default_loss("infonce", matryoshka_dims=[16, 8], **options)(q, pos, neg, guide=guide)
+    wide = default_loss("infonce", **options)(q, pos, neg, guide=guide)
+    # the guide at its own width
+    narrow = default_loss("infonce", **options)(q[:, :8], pos[:, :8], neg[..., :8], guide=guide)
     assert both.loss.item() == pytest.approx(wide.loss.item() + narrow.loss.item(), rel=1e-12)
     teacher = torch.rand(6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    plain_kl = DistillKLLoss(temperature=TAU, teacher_temperature=1.0)(q, pos, neg, teacher)
-    guided_kl = DistillKLLoss(temperature=TAU, teacher_temperature=1.0, guide="g")(q, pos, neg, teacher, guide)
-    plain = InfoNCELoss(temperature=TAU)(q, pos, neg).loss
+    plain_kl = default_loss("distill_kl", temperature=TAU, teacher_temperature=1.0)(q, pos, neg, teacher)
+    guided_kl = default_loss("distill_kl", temperature=TAU, teacher_temperature=1.0, guide="g")(q, pos, neg, teacher,
+                             guide)
+    plain = default_loss("infonce", temperature=TAU)(q, pos, neg).loss
     assert (guided_kl.loss - plain_kl.loss).item() == pytest.approx((wide.loss - plain).item(), rel=1e-9)
 
 

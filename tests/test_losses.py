@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gte_pro.config.defaults import default_loss
 from gte_pro.training.losses import GTELoss, InfoNCELoss
 
 
@@ -69,15 +70,15 @@ def test_loss_matches_reference_values_and_gradients(loss_cls, reference, tau, n
 @pytest.mark.parametrize("num_negatives", [0, 1, 3])
 @pytest.mark.parametrize("mask_own_negatives", [False, True])
 def test_gte_options_match_the_reference(num_negatives, mask_own_negatives):
-    _check_against_reference(GTELoss(temperature=0.05, mask_own_negatives=mask_own_negatives),
+    _check_against_reference(default_loss("gte", temperature=0.05, mask_own_negatives=mask_own_negatives),
                              lambda q, p, n: reference_gte(q, p, n, 0.05, mask_own_negatives=mask_own_negatives),
                              num_negatives, batch=5)
 
 
 def test_masking_own_negatives_changes_the_loss_only_when_there_are_negatives():
     q, pos, neg = _unit(4, 8, seed=6), _unit(4, 8, seed=7), _unit(4, 2, 8, seed=8)
-    masked = GTELoss(temperature=0.05, mask_own_negatives=True)
-    kept = GTELoss(temperature=0.05, mask_own_negatives=False)
+    masked = default_loss("gte", temperature=0.05, mask_own_negatives=True)
+    kept = default_loss("gte", temperature=0.05, mask_own_negatives=False)
     assert masked(q, pos).loss.item() == kept(q, pos).loss.item()
     # fewer terms in the partition function: strictly smaller
     assert masked(q, pos, neg).loss.item() < kept(q, pos, neg).loss.item() - 1e-6
@@ -91,7 +92,7 @@ def test_gte_has_no_ln2_floor(num_negatives):
     basis = torch.eye(batch * (1 + num_negatives), dtype=torch.float64)
     q = pos = basis[:batch]
     neg = basis[batch:].reshape(batch, num_negatives, -1) if num_negatives else None
-    values = [GTELoss(temperature=tau)(q, pos, neg).loss.item() for tau in (0.2, 0.1, 0.05, 0.01)]
+    values = [default_loss("gte", temperature=tau)(q, pos, neg).loss.item() for tau in (0.2, 0.1, 0.05, 0.01)]
     assert values == sorted(values, reverse=True) and values[-1] < 1e-12
     assert values[0] > 1e-3  # the limit is approached, not given
     old = reference_gte(q, pos, neg, 0.01, double_count_positive=True).item()
@@ -100,15 +101,16 @@ def test_gte_has_no_ln2_floor(num_negatives):
 
 def test_infonce_perfect_separation_is_near_zero_and_uniform_is_log_n():
     eye = torch.eye(4, dtype=torch.float64)
-    assert InfoNCELoss(temperature=0.01)(eye, eye).loss.item() < 1e-6
+    assert default_loss("infonce", temperature=0.01)(eye, eye).loss.item() < 1e-6
     same = torch.ones(4, 3, dtype=torch.float64) / math.sqrt(3)
-    assert InfoNCELoss(temperature=0.05)(same, same).loss.item() == pytest.approx(math.log(4))
+    assert default_loss("infonce", temperature=0.05)(same, same).loss.item() == pytest.approx(math.log(4))
 
 
 def test_gte_loss_is_not_infonce():
     """The extra q->q, d->q and d->d terms must change the value (guards against a silent fallback)."""
     q, pos = _unit(5, 8, seed=4), _unit(5, 8, seed=5)
-    assert GTELoss(temperature=0.05)(q, pos).loss.item() > InfoNCELoss(temperature=0.05)(q, pos).loss.item()
+    gte, infonce = default_loss("gte", temperature=0.05), default_loss("infonce", temperature=0.05)
+    assert gte(q, pos).loss.item() > infonce(q, pos).loss.item()
 
 
 @pytest.mark.parametrize("loss_cls", [InfoNCELoss, GTELoss])
@@ -141,7 +143,7 @@ def _global_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def _loss_and_grads(rows: slice, k: int, mask: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
     q, pos, neg = (t[rows].clone().requires_grad_(True) for t in _global_batch())
     inputs = [q, pos, neg[:, :k]] if k else [q, pos]
-    loss = GTELoss(temperature=0.05, mask_own_negatives=mask)(*inputs).loss
+    loss = default_loss("gte", temperature=0.05, mask_own_negatives=mask)(*inputs).loss
     return loss, list(torch.autograd.grad(loss, [q, pos, neg] if k else [q, pos]))
 
 
@@ -189,7 +191,7 @@ def test_gradcache_with_masked_own_negatives_equals_the_full_batch():
     torch.manual_seed(0)
     encoder = _BagOfTokens()
     queries, docs = _tokens(BATCH, seed=1), _tokens(BATCH * (1 + NEGATIVES), seed=2)
-    loss_fn = GTELoss(temperature=0.05, mask_own_negatives=True)
+    loss_fn = default_loss("gte", temperature=0.05, mask_own_negatives=True)
     full = loss_fn(encoder(**queries), *split_documents(encoder(**docs), BATCH, NEGATIVES)).loss
     full.backward()
     full_grad = encoder.embed.weight.grad.clone()

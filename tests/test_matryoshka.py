@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gte_pro.config.defaults import default_loss
 from gte_pro.data.beir import load_beir
 from gte_pro.train import train
 from gte_pro.training.losses import GTELoss, InfoNCELoss
@@ -50,7 +51,7 @@ def test_the_embeddings_are_gathered_once_at_full_width(monkeypatch: pytest.Monk
 def test_matryoshka_settings_are_checked():
     with pytest.raises(ValueError, match=r"matryoshka_dims=\[64\]: 64 is larger than the model's embedding "
                                          r"dimension 32"):
-        InfoNCELoss(matryoshka_dims=[64])(torch.randn(4, 32), torch.randn(4, 32))
+        default_loss("infonce", matryoshka_dims=[64])(torch.randn(4, 32), torch.randn(4, 32))
 
 
 def test_validation_per_dimension_is_what_sentence_transformers_gives_with_truncate_dim(make_cfg, tmp_path: Path):

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from gte_pro.config.checks import config_problems
+from gte_pro.config.defaults import default_loss
 from gte_pro.training.losses import GTELoss, InfoNCELoss
 from gte_pro.training.telemetry import step_telemetry
 from tests.test_losses import _unit, reference_gte
@@ -93,15 +94,15 @@ def test_a_worked_example_by_hand():
                             [0.2, math.sqrt(0.96)]], dtype=torch.float64)
     query = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
     negatives = vectors[1:][None]
-    masked = InfoNCELoss(temperature=tau, false_negative_margin=0.1)(query, vectors[:1], negatives)
+    masked = default_loss("infonce", temperature=tau, false_negative_margin=0.1)(query, vectors[:1], negatives)
     expected = -math.log(math.exp(5) / (math.exp(5) + math.exp(4) + math.exp(2)))
     assert masked.loss.item() == pytest.approx(expected, rel=1e-12)
     assert masked.masked_share.item() == pytest.approx(1 / 3)
     # at margin 0.25 the 0.7 candidate stays (0.7 > 0.5 + 0.25 is false)
-    kept = InfoNCELoss(temperature=tau, false_negative_margin=0.25)(query, vectors[:1], negatives)
+    kept = default_loss("infonce", temperature=tau, false_negative_margin=0.25)(query, vectors[:1], negatives)
     assert kept.masked_share.item() == 0.0
-    weighted = InfoNCELoss(temperature=tau, false_negative_margin=0.1, hardness_alpha=alpha)(
-        query, vectors[:1], negatives)
+    weighted = default_loss("infonce", temperature=tau, false_negative_margin=0.1, hardness_alpha=alpha)(
+                            query, vectors[:1], negatives)
     w_04, w_02 = math.exp(2.0), math.exp(1.0)
     mean = (w_04 + w_02) / 2
     expected = -math.log(math.exp(5) / (math.exp(5) + w_04 / mean * math.exp(4) + w_02 / mean * math.exp(2)))
@@ -139,37 +140,36 @@ def test_a_row_whose_negatives_are_all_masked_gives_finite_gradients():
     """Every candidate above the positive: the softmax keeps the positive alone (loss 0) and nothing is NaN."""
     q = torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=torch.float64, requires_grad=True)
     pos = torch.tensor([[0.0, 1.0], [1.0, 0.0]], dtype=torch.float64, requires_grad=True)
-    out = InfoNCELoss(temperature=TAU, false_negative_margin=0.0, hardness_alpha=5.0)(q, pos)
+    out = default_loss("infonce", temperature=TAU, false_negative_margin=0.0, hardness_alpha=5.0)(q, pos)
     assert out.loss.item() == 0.0 and out.masked_share.item() == 1.0
     for grad in torch.autograd.grad(out.loss, [q, pos]):
         assert torch.isfinite(grad).all()
 
 
 def test_they_compose_with_matryoshka_and_with_the_distillation_losses_in_batch_term():
-    from gte_pro.training.losses import DistillKLLoss
 
     q, pos, neg = _inputs(2)
     options = {"false_negative_margin": 0.1, "hardness_alpha": 5.0}
-    wide = InfoNCELoss(temperature=TAU, matryoshka_dims=[16], **options)(q, pos, neg)
-    assert torch.equal(wide.loss, InfoNCELoss(temperature=TAU, **options)(q, pos, neg).loss)
-    both = InfoNCELoss(temperature=TAU, matryoshka_dims=[16, 8], **options)(q, pos, neg)
-    narrow = InfoNCELoss(temperature=TAU, **options)(q[:, :8], pos[:, :8], neg[..., :8])
+    wide = default_loss("infonce", temperature=TAU, matryoshka_dims=[16], **options)(q, pos, neg)
+    assert torch.equal(wide.loss, default_loss("infonce", temperature=TAU, **options)(q, pos, neg).loss)
+    both = default_loss("infonce", temperature=TAU, matryoshka_dims=[16, 8], **options)(q, pos, neg)
+    narrow = default_loss("infonce", temperature=TAU, **options)(q[:, :8], pos[:, :8], neg[..., :8])
     assert both.loss.item() == pytest.approx(wide.loss.item() + narrow.loss.item(), rel=1e-12)
     assert both.masked_share is not None  # the widest width's, for the telemetry
     teacher = torch.rand(6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    plain_kl = DistillKLLoss(temperature=TAU, teacher_temperature=1.0)(q, pos, neg, teacher)
-    masked_kl = DistillKLLoss(temperature=TAU, teacher_temperature=1.0, **options)(q, pos, neg, teacher)
-    masked_infonce = InfoNCELoss(temperature=TAU, **options)(q, pos, neg).loss
-    plain_infonce = InfoNCELoss(temperature=TAU)(q, pos, neg).loss
+    plain_kl = default_loss("distill_kl", temperature=TAU, teacher_temperature=1.0)(q, pos, neg, teacher)
+    masked_kl = default_loss("distill_kl", temperature=TAU, teacher_temperature=1.0, **options)(q, pos, neg, teacher)
+    masked_infonce = default_loss("infonce", temperature=TAU, **options)(q, pos, neg).loss
+    plain_infonce = default_loss("infonce", temperature=TAU)(q, pos, neg).loss
     assert (masked_kl.loss - plain_kl.loss).item() == pytest.approx((masked_infonce - plain_infonce).item(), rel=1e-9)
 
 
 def test_the_masked_share_reaches_the_telemetry():
     q, pos, neg = _inputs(2)
-    out = InfoNCELoss(temperature=TAU, false_negative_margin=0.1)(q, pos, neg)
+    out = default_loss("infonce", temperature=TAU, false_negative_margin=0.1)(q, pos, neg)
     figures = step_telemetry(out.scores, out.labels, out.query, out.positive, 2, None, out.masked_share)
     assert figures["telemetry/masked_share"] == pytest.approx(out.masked_share.item())
-    plain = InfoNCELoss(temperature=TAU)(q, pos, neg)
+    plain = default_loss("infonce", temperature=TAU)(q, pos, neg)
     assert "telemetry/masked_share" not in step_telemetry(plain.scores, plain.labels, None, None, 2)
 
 

@@ -13,11 +13,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gte_pro.config.defaults import default_loss
 from gte_pro.evaluation.quantize import quantize
 from gte_pro.export.quantization import QUANTIZATION_FILE, load_quantization
 from gte_pro.train import train
 from gte_pro.training.gradcache import cached_loss
-from gte_pro.training.losses import GTELoss, InfoNCELoss, split_documents
+from gte_pro.training.losses import split_documents
 from gte_pro.training.losses.quantization_aware import RANGE_MOMENTUM
 from tests.test_gradcache import _batch, _encoder, _take_grads
 
@@ -36,15 +37,15 @@ def test_without_quantization_the_loss_is_plain_infonce_bit_for_bit():
     q, pos, neg = _triple()
     docs = torch.cat([pos, neg.reshape(-1, DIM)])
     expected = F.cross_entropy(F.normalize(q, dim=-1) @ F.normalize(docs, dim=-1).T / 0.05, torch.arange(6))
-    for loss in (InfoNCELoss(), InfoNCELoss(quantization_aware=[])):
+    for loss in (default_loss("infonce"), default_loss("infonce", quantization_aware=[])):
         assert torch.equal(loss(q, pos, neg).loss, expected)
         assert "quantization_ranges" not in loss.state_dict()  # other runs' checkpoints are unchanged
 
 
 def test_the_binary_term_is_infonce_over_the_evaluated_bits_and_its_gradient_reaches_the_embeddings():
     q, pos, neg = _triple()
-    qat = InfoNCELoss(quantization_aware=["binary"], quantization_weight=0.5)
-    term = (qat(q, pos, neg).loss - InfoNCELoss()(q, pos, neg).loss) / 0.5
+    qat = default_loss("infonce", quantization_aware=["binary"], quantization_weight=0.5)
+    term = (qat(q, pos, neg).loss - default_loss("infonce")(q, pos, neg).loss) / 0.5
     docs = torch.cat([pos, neg.reshape(-1, DIM)])
     bits_q, bits_d = quantize(q.detach(), "binary"), quantize(docs.detach(), "binary")  # eval.quantization's values
     expected = F.cross_entropy((bits_q @ bits_d.T / DIM).double() / 0.05, torch.arange(6))
@@ -55,8 +56,8 @@ def test_the_binary_term_is_infonce_over_the_evaluated_bits_and_its_gradient_rea
 
 def test_the_int8_term_ranks_by_the_evaluated_int8_inner_products():
     q, pos, neg = _triple()
-    qat = InfoNCELoss(quantization_aware=["int8"])
-    term = qat(q, pos, neg).loss - InfoNCELoss()(q, pos, neg).loss
+    qat = default_loss("infonce", quantization_aware=["int8"])
+    term = qat(q, pos, neg).loss - default_loss("infonce")(q, pos, neg).loss
     docs = torch.cat([pos, neg.reshape(-1, DIM)]).detach()
     ranges = torch.stack([docs.min(0).values, docs.max(0).values]).float()  # first step: the batch's own ranges
     assert torch.equal(qat.quantization_ranges, ranges)
@@ -74,15 +75,15 @@ def test_a_constant_dimension_keeps_the_int8_gradient_finite():
     for x in (q, pos, neg):
         x[..., 0] = 1e-33 * torch.randn(x.shape[:-1], generator=torch.Generator().manual_seed(0), dtype=x.dtype)
     q.requires_grad_()
-    loss = InfoNCELoss(quantization_aware=["int8"])
+    loss = default_loss("infonce", quantization_aware=["int8"])
     grad = torch.autograd.grad(loss(q, pos, neg).loss, q)[0]
-    plain = torch.autograd.grad(InfoNCELoss()(q, pos, neg).loss, q)[0]
+    plain = torch.autograd.grad(default_loss("infonce")(q, pos, neg).loss, q)[0]
     # unbounded, that dimension's gradient was ~1e35 and its square (the gradient norm) inf
     assert torch.isfinite(grad).all() and 0 < grad.abs().max() < 100 * plain.abs().max()
 
 
 def test_the_ranges_are_a_moving_average_kept_in_the_state_dict():
-    loss = InfoNCELoss(quantization_aware=["int8", "binary"])
+    loss = default_loss("infonce", quantization_aware=["int8", "binary"])
     first, second = _triple(), (_embeddings(4, 6, DIM), _embeddings(5, 6, DIM), None)
     loss(*first)
     after_one = loss.quantization_ranges.clone()
@@ -92,16 +93,18 @@ def test_the_ranges_are_a_moving_average_kept_in_the_state_dict():
     loss(*second)
     batch = torch.stack([second[1].min(0).values, second[1].max(0).values]).detach().float()
     torch.testing.assert_close(loss.quantization_ranges, RANGE_MOMENTUM * after_one + (1 - RANGE_MOMENTUM) * batch)
-    resumed = GTELoss(quantization_aware=["binary"])  # fresh: (2, 0) until it loads the checkpoint's (2, dim)
+    # fresh: (2, 0) until it loads the checkpoint's (2, dim)
+    resumed = default_loss("gte", quantization_aware=["binary"])
     resumed.load_state_dict(loss.state_dict())
     assert torch.equal(resumed.quantization_ranges, loss.quantization_ranges)
 
 
 def test_matryoshka_adds_the_quantized_terms_at_the_full_width_only():
     q, pos, neg = _triple()
-    both = InfoNCELoss(matryoshka_dims=[DIM, 8], quantization_aware=["binary"])(q, pos, neg).loss
-    matryoshka = InfoNCELoss(matryoshka_dims=[DIM, 8])(q, pos, neg).loss
-    binary = InfoNCELoss(quantization_aware=["binary"])(q, pos, neg).loss - InfoNCELoss()(q, pos, neg).loss
+    both = default_loss("infonce", matryoshka_dims=[DIM, 8], quantization_aware=["binary"])(q, pos, neg).loss
+    matryoshka = default_loss("infonce", matryoshka_dims=[DIM, 8])(q, pos, neg).loss
+    quantized, plain = default_loss("infonce", quantization_aware=["binary"]), default_loss("infonce")
+    binary = quantized(q, pos, neg).loss - plain(q, pos, neg).loss
     assert both.item() == pytest.approx((matryoshka + binary).item(), rel=1e-12)
 
 
@@ -110,7 +113,7 @@ def test_gradcache_gives_the_same_quantization_aware_loss_and_gradients():
     batch = _batch(encoder)
 
     def step(cached: bool) -> tuple[float, dict]:
-        loss_fn = InfoNCELoss(quantization_aware=["binary", "int8"])
+        loss_fn = default_loss("infonce", quantization_aware=["binary", "int8"])
         if cached:
             out = cached_loss(encoder, loss_fn, batch["query"], batch["doc"], batch["num_negatives"], 4)
         else:

@@ -15,6 +15,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from gte_pro import packaged_minilm_path
+from gte_pro.config.defaults import default_loss
 from gte_pro.errors import ConfigError
 from gte_pro.export.writers import export_sentence_transformers
 from gte_pro.models.cross_encoder import CrossEncoder
@@ -22,7 +23,6 @@ from gte_pro.models.encoder import Encoder
 from gte_pro.models.pairs import PairTemplate
 from gte_pro.retrieval import RetrievalSet, rank_corpus
 from gte_pro.train import train
-from gte_pro.training.losses import ListwiseLoss, PointwiseBCELoss
 from gte_pro.training.rerank_validation import (
     gather_pair_scores,
     reranked,
@@ -72,12 +72,12 @@ def test_cached_texts_join_into_the_pair_the_tokenizer_makes(tokenizer, kind):
 def test_listwise_loss_is_the_cross_entropy_of_each_group():
     logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, -1.0]], dtype=torch.float64)
     expected = (math.log(1 + 2 * math.exp(-2)) + math.log(1 + math.e + math.exp(-1))) / 2
-    assert ListwiseLoss()(logits).loss.item() == pytest.approx(expected, rel=1e-9)
+    assert default_loss("listwise")(logits).loss.item() == pytest.approx(expected, rel=1e-9)
     tau = 0.5
     expected = (math.log(1 + 2 * math.exp(-2 / tau)) + math.log(1 + math.exp(1 / tau) + math.exp(-1 / tau))) / 2
-    assert ListwiseLoss(temperature=tau)(logits).loss.item() == pytest.approx(expected, rel=1e-6)
+    assert default_loss("listwise", temperature=tau)(logits).loss.item() == pytest.approx(expected, rel=1e-6)
     with pytest.raises(ConfigError, match="data.num_negatives"):
-        ListwiseLoss()(logits[:, :1])
+        default_loss("listwise")(logits[:, :1])
 
 
 def test_pointwise_loss_is_the_binary_cross_entropy_of_each_pair():
@@ -88,9 +88,9 @@ def test_pointwise_loss_is_the_binary_cross_entropy_of_each_pair():
         return -(weight * label * math.log(p) + (1 - label) * math.log(1 - p))
 
     expected = (bce(2.0, 1) + bce(0.0, 0) + bce(-1.0, 0)) / 3
-    assert PointwiseBCELoss()(logits).loss.item() == pytest.approx(expected, rel=1e-6)
+    assert default_loss("pointwise_bce")(logits).loss.item() == pytest.approx(expected, rel=1e-6)
     expected = (bce(2.0, 1, 2.0) + bce(0.0, 0) + bce(-1.0, 0)) / 3
-    assert PointwiseBCELoss(pos_weight=2.0)(logits).loss.item() == pytest.approx(expected, rel=1e-6)
+    assert default_loss("pointwise_bce", pos_weight=2.0)(logits).loss.item() == pytest.approx(expected, rel=1e-6)
 
 
 def _group_step(loss: torch.nn.Module, encoder: Encoder, rows: slice) -> torch.Tensor:
@@ -104,7 +104,8 @@ def _group_step(loss: torch.nn.Module, encoder: Encoder, rows: slice) -> torch.T
     return loss(logits.view(-1, 4)).loss
 
 
-@pytest.mark.parametrize("loss", [ListwiseLoss(), PointwiseBCELoss(pos_weight=3.0)], ids=["listwise", "bce"])
+@pytest.mark.parametrize("loss", [default_loss("listwise"), default_loss("pointwise_bce", pos_weight=3.0)],
+                         ids=["listwise", "bce"])
 def test_two_ranks_train_exactly_like_one_process(tmp_path: Path, loss):
     ranks, loss_one, grads_one = two_ranks_and_one(tmp_path, partial(_group_step, loss), batch=8)
     assert ranks["loss"].item() == pytest.approx(loss_one, rel=1e-9)

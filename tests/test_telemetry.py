@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from gte_pro.config.defaults import default_loss
 from gte_pro.train import train
 from gte_pro.training import telemetry as tm
-from gte_pro.training.losses import InfoNCELoss
 from gte_pro.utils.plots import plot_run
 from tests.conftest import write_jsonl
 
@@ -87,7 +87,7 @@ def test_own_candidates_follow_the_losses_column_layout():
 def test_step_telemetry_reads_the_losses_scores_and_embeddings():
     generator = torch.Generator().manual_seed(0)
     q, p, n = (torch.randn(*shape, generator=generator) for shape in ((4, 8), (4, 8), (4, 2, 8)))
-    out = InfoNCELoss()(q, p, n)
+    out = default_loss("infonce")(q, p, n)
     assert torch.equal(out.query, q) and torch.equal(out.positive, p) and not out.query.requires_grad
     teacher = torch.tensor([[1.0, 0.0, -1.0]] * 4)
     figures = tm.step_telemetry(out.scores, out.labels, out.query, out.positive, 2, teacher)

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from typing import Any
 
+from hydra.utils import get_class
+
+from gte_pro.config.schema import SCHEMAS
 from gte_pro.config.schema.mining import MineSchema
 from gte_pro.mining.options import MiningOptions
 
@@ -19,3 +22,12 @@ def default_mining_options(*window: int, seed: int = 0, **overrides: Any) -> Min
                                                 "max_scores_per_chunk")}
     values.update(zip(("num_negatives", "range_min", "range_max"), window, strict=False))
     return MiningOptions(**{**values, "seed": seed, **overrides})
+
+
+def default_loss(option: str, **keys: Any) -> Any:
+    """``loss=<option>`` built with its schema's defaults, then ``keys`` (what ``instantiate(cfg.loss)`` builds in a
+    run), e.g. ``default_loss("infonce", temperature=0.1, gather_across_devices=False)``."""
+    schema = SCHEMAS["loss"][option]
+    values = {item.name: item.default if item.default is not MISSING else item.default_factory()
+              for item in fields(schema) if item.name != "_target_"}
+    return get_class(schema._target_)(**{**values, **keys})

@@ -53,12 +53,11 @@ class ContrastiveLoss(nn.Module, abc.ABC):
     # whether ``_partition`` scores against every rank's queries (one more all_gather per step)
     needs_all_queries = False
 
-    def __init__(self, *, temperature: float = 0.05, gather_across_devices: bool = True,
-                 mini_batch_size: int | None = None, max_skipped_steps: int = 10,
-                 similarity: str = "cosine", matryoshka_dims: Sequence[int] | None = None,
-                 matryoshka_weights: Sequence[float] | None = None, quantization_aware: Sequence[str] = (),
-                 quantization_weight: float = 1.0, false_negative_margin: float | None = None,
-                 hardness_alpha: float = 0.0, guide: str | None = None, guide_margin: float = 0.0) -> None:
+    def __init__(self, *, temperature: float, gather_across_devices: bool, mini_batch_size: int | None,
+                 max_skipped_steps: int, similarity: str, matryoshka_dims: Sequence[int] | None,
+                 matryoshka_weights: Sequence[float] | None, quantization_aware: Sequence[str],
+                 quantization_weight: float, false_negative_margin: float | None, hardness_alpha: float,
+                 guide: str | None, guide_margin: float) -> None:
         super().__init__()
         self.temperature = float(temperature)
         self.gather_across_devices = bool(gather_across_devices)

@@ -33,9 +33,8 @@ class DistillKLLoss(DistillationLoss):
 
     name = "distill_kl"
 
-    def __init__(self, *, temperature: float = 0.02, teacher_temperature: float | str = "auto",
-                 weight_infonce: float = 1.0, **shared: object) -> None:
-        super().__init__(temperature=temperature, weight_infonce=weight_infonce, **shared)
+    def __init__(self, *, teacher_temperature: float | str, **shared: object) -> None:
+        super().__init__(**shared)
         # a run resolves auto from the training file's teacher record (gte_pro.scoring.teacher_file, through
         # gte_pro.modes.build.module_config) before it builds the loss; built without a run, auto is that of a file
         # without a record

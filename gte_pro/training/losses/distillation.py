@@ -35,7 +35,7 @@ class DistillationLoss(InfoNCELoss):
 
     name = ""
 
-    def __init__(self, *, weight_infonce: float = 0.0, allow_weak_teacher: bool = False, **shared: object) -> None:
+    def __init__(self, *, weight_infonce: float, allow_weak_teacher: bool, **shared: object) -> None:
         super().__init__(**shared)
         self.weight_infonce = float(weight_infonce)
         # judged before the run starts (gte_pro.config.cross_keys.weak_teacher_problems); kept for the record

@@ -31,8 +31,8 @@ class GTELoss(ContrastiveLoss):
 
     needs_all_queries = True
 
-    def __init__(self, *, temperature: float = 0.02, mask_own_negatives: bool = False, **shared: object) -> None:
-        super().__init__(temperature=temperature, **shared)
+    def __init__(self, *, mask_own_negatives: bool, **shared: object) -> None:
+        super().__init__(**shared)
         self.mask_own_negatives = mask_own_negatives
 
     def _partition(self, batch: GlobalBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -32,7 +32,7 @@ class ListwiseLoss(nn.Module):
     Training of BERT Rerankers in Multi-Stage Retrieval Pipeline" (the localised contrastive estimation loss).
     """
 
-    def __init__(self, *, temperature: float = 1.0, max_skipped_steps: int = 10) -> None:
+    def __init__(self, *, temperature: float, max_skipped_steps: int) -> None:
         super().__init__()
         self.temperature = float(temperature)
         self.max_skipped_steps = max_skipped_steps

@@ -21,9 +21,6 @@ class MarginMSELoss(DistillationLoss):
 
     name = "margin_mse"
 
-    def __init__(self, *, similarity: str = "dot", **shared: object) -> None:
-        super().__init__(similarity=similarity, **shared)
-
     def distill(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
         teacher_margin = teacher[:, :1] - teacher[:, 1:]
         scored = torch.isfinite(teacher_margin)

@@ -26,7 +26,7 @@ class PointwiseBCELoss(nn.Module):
     ``pos_weight`` w weighs the positives (null: 1); k negatives per positive make k a common choice.
     """
 
-    def __init__(self, *, pos_weight: float | None = None, max_skipped_steps: int = 10) -> None:
+    def __init__(self, *, pos_weight: float | None, max_skipped_steps: int) -> None:
         super().__init__()
         self.pos_weight = None if pos_weight is None else float(pos_weight)
         self.max_skipped_steps = max_skipped_steps
