@@ -182,8 +182,8 @@ def test_a_query_without_any_teacher_score_adds_nothing_and_no_nan():
     # a batch with no teacher score at all (data=mix: a batch of an unscored source): the InfoNCE term alone
     unscored = torch.full_like(teacher, math.nan)
     for make in (DistillKLLoss, MarginMSELoss):
-        out = make(weight_infonce=0.5, temperature=0.05)(q, p, n, teacher_scores=unscored).loss
-        infonce = default_loss("infonce", temperature=0.05, similarity=make().similarity)(q, p, n).loss
+        out = default_loss(make, weight_infonce=0.5, temperature=0.05)(q, p, n, teacher_scores=unscored).loss
+        infonce = default_loss("infonce", temperature=0.05, similarity=default_loss(make).similarity)(q, p, n).loss
         _assert_close(out, 0.5 * infonce, (q, p, n))
 
 
@@ -217,7 +217,7 @@ def test_gradcache_gives_the_same_loss_and_gradients(loss_class, mini_batch_size
     batch["teacher_scores"][0, 1] = math.nan  # a filled slot without a teacher score
 
     def step(mini: int | None) -> tuple[float, dict]:
-        module = ContrastiveModule(encoder, loss_class(weight_infonce=0.5, mini_batch_size=mini),
+        module = ContrastiveModule(encoder, default_loss(loss_class, weight_infonce=0.5, mini_batch_size=mini),
                                    optimizer=torch.optim.SGD, lr=0.1)
         out = module._contrastive_loss(batch)
         out.loss.backward()

@@ -36,7 +36,7 @@ from gte_pro.modes.build import build_encoder, build_module, build_trainer
 from gte_pro.train import train
 from gte_pro.training import gradcache
 from gte_pro.training.gradcache import cached_loss, cached_step, split_features
-from gte_pro.training.losses import GTELoss, InfoNCELoss, LossOutput, split_documents
+from gte_pro.training.losses import LossOutput, split_documents
 from gte_pro.training.losses.partition import at_least_fp32
 from gte_pro.training.module import ContrastiveModule
 
@@ -63,7 +63,7 @@ def _batch(encoder: Encoder, negatives: int = NEGATIVES, rows: list = ROWS) -> d
 
 
 def _loss(name: str, **kwargs: Any):
-    return {"infonce": InfoNCELoss, "gte": GTELoss}[name](temperature=0.05, **kwargs)
+    return default_loss(name, temperature=0.05, **kwargs)
 
 
 def _full_batch_step(encoder: Encoder, loss_fn, batch: dict[str, Any]) -> LossOutput:

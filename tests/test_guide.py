@@ -104,8 +104,8 @@ def test_values_and_gradients_match_the_reference(loss_name, margin, fn_margin, 
     guide = _guide_inputs(num_negatives)
     inputs = [t for t in (q, pos, neg) if t is not None]
     cls = {"infonce": InfoNCELoss, "gte": GTELoss}[loss_name]
-    out = cls(temperature=TAU, guide="g", guide_margin=margin, false_negative_margin=fn_margin)(q, pos, neg,
-                                                                                              guide=guide)
+    loss = default_loss(cls, temperature=TAU, guide="g", guide_margin=margin, false_negative_margin=fn_margin)
+    out = loss(q, pos, neg, guide=guide)
     unit = [None if t is None else F.normalize(t, dim=-1) for t in (q, pos, neg)]
     theirs = reference(unit, guide, TAU, margin, fn_margin, gte=loss_name == "gte")
     assert out.loss.item() == pytest.approx(theirs.item(), rel=1e-9)
@@ -117,12 +117,12 @@ def test_values_and_gradients_match_the_reference(loss_name, margin, fn_margin, 
 @pytest.mark.parametrize("loss_cls", [InfoNCELoss, GTELoss])
 def test_off_is_the_plain_loss_bit_for_bit(loss_cls):
     q, pos, neg = _inputs(2)
-    plain = loss_cls(temperature=TAU)(q, pos, neg)
+    plain = default_loss(loss_cls, temperature=TAU)(q, pos, neg)
     # the key set but no guide embeddings handed in (a loss built outside a training step): nothing changes
-    named = loss_cls(temperature=TAU, guide="g")(q, pos, neg)
+    named = default_loss(loss_cls, temperature=TAU, guide="g")(q, pos, neg)
     assert torch.equal(plain.loss, named.loss) and named.guide_masked_share is None
     # a guide that masks nothing (a margin no cosine can clear): the same loss and gradients, bit for bit
-    quiet = loss_cls(temperature=TAU, guide="g", guide_margin=-3.0)(q, pos, neg, guide=_guide_inputs(2))
+    quiet = default_loss(loss_cls, temperature=TAU, guide="g", guide_margin=-3.0)(q, pos, neg, guide=_guide_inputs(2))
     assert torch.equal(plain.loss, quiet.loss) and quiet.guide_masked_share.item() == 0.0
     for a, b in zip(torch.autograd.grad(plain.loss, [q, pos, neg]), torch.autograd.grad(quiet.loss, [q, pos, neg]),
                     strict=True):
@@ -157,7 +157,7 @@ def _loss_and_grads(rows: slice, name: str, margin: float, fn_margin: float | No
     q, pos, neg = (t[rows].clone().requires_grad_(True) for t in _inputs(NEGATIVES, BATCH, DIM))
     guide = tuple(t[rows] for t in _guide_inputs(NEGATIVES, BATCH, DIM))
     cls = {"infonce": InfoNCELoss, "gte": GTELoss}[name]
-    loss = cls(temperature=TAU, guide="g", guide_margin=margin, false_negative_margin=fn_margin)(
+    loss = default_loss(cls, temperature=TAU, guide="g", guide_margin=margin, false_negative_margin=fn_margin)(
         q, pos, neg, guide=guide).loss
     return loss, list(torch.autograd.grad(loss, [q, pos, neg]))
 
@@ -182,7 +182,7 @@ def test_gradcache_gives_the_full_batchs_loss_and_gradients(loss_cls):
     queries, docs = _tokens(BATCH, seed=1), _tokens(BATCH * (1 + NEGATIVES), seed=2)
     with torch.no_grad():  # the guide's embeddings of the whole batch, once
         guide = (guide_encoder(**queries), *split_documents(guide_encoder(**docs), BATCH, NEGATIVES))
-    loss_fn = loss_cls(temperature=TAU, guide="g", hardness_alpha=5.0)
+    loss_fn = default_loss(loss_cls, temperature=TAU, guide="g", hardness_alpha=5.0)
     full = loss_fn(encoder(**queries), *split_documents(encoder(**docs), BATCH, NEGATIVES), guide=guide)
     full.loss.backward()
     full_grad = encoder.embed.weight.grad.clone()

@@ -64,7 +64,8 @@ def _check_against_reference(ours_fn, reference_fn, num_negatives: int, batch: i
     "loss_cls,reference,tau", [(InfoNCELoss, reference_infonce, 0.05), (GTELoss, reference_gte, 0.02)]
 )
 def test_loss_matches_reference_values_and_gradients(loss_cls, reference, tau, num_negatives):
-    _check_against_reference(loss_cls(temperature=tau), lambda q, p, n: reference(q, p, n, tau), num_negatives)
+    _check_against_reference(default_loss(loss_cls, temperature=tau), lambda q, p, n: reference(q, p, n, tau),
+                             num_negatives)
 
 
 @pytest.mark.parametrize("num_negatives", [0, 1, 3])
@@ -120,14 +121,15 @@ def test_cosine_scoring_ignores_how_long_the_embeddings_are(loss_cls):
     lengths = [torch.rand(*x.shape[:-1], 1, dtype=torch.float64, generator=torch.Generator().manual_seed(i)) * 9 + 1
                for i, x in enumerate((q, pos, neg))]
     raw = [x * length for x, length in zip((q, pos, neg), lengths, strict=True)]
-    cosine = loss_cls(temperature=0.05)(q, pos, neg)
-    scaled = loss_cls(temperature=0.05)(*raw)
+    cosine = default_loss(loss_cls, temperature=0.05)(q, pos, neg)
+    scaled = default_loss(loss_cls, temperature=0.05)(*raw)
     assert scaled.loss.item() == pytest.approx(cosine.loss.item(), rel=1e-9)
     torch.testing.assert_close(scaled.scores, cosine.scores)
     # similarity=dot scores the raw vectors as they come: the same inputs give another loss
-    dot = loss_cls(temperature=0.05, similarity="dot")(*raw)
+    dot = default_loss(loss_cls, temperature=0.05, similarity="dot")(*raw)
     assert dot.loss.item() != pytest.approx(cosine.loss.item(), rel=1e-3)
-    assert loss_cls(temperature=0.05, similarity="dot")(q, pos, neg).loss.item() == pytest.approx(cosine.loss.item())
+    dot_normalised = default_loss(loss_cls, temperature=0.05, similarity="dot")(q, pos, neg)
+    assert dot_normalised.loss.item() == pytest.approx(cosine.loss.item())
 
 
 # --- DDP and GradCache: the own-negative columns are found in the gathered layout ---------------------------------

@@ -25,8 +25,8 @@ def _embeddings(seed: int, *shape: int) -> torch.Tensor:
 def test_the_loss_is_the_weighted_sum_over_truncated_embeddings(loss_cls):
     q, pos, neg = _embeddings(1, 6, 32), _embeddings(2, 6, 32), _embeddings(3, 6, 2, 32)
     dims, weights = [32, 16, 8], [1.0, 0.5, 2.0]
-    ours = loss_cls(matryoshka_dims=dims, matryoshka_weights=weights)(q, pos, neg)
-    plain = loss_cls()
+    ours = default_loss(loss_cls, matryoshka_dims=dims, matryoshka_weights=weights)(q, pos, neg)
+    plain = default_loss(loss_cls)
     expected = sum(w * plain(q[:, :d], pos[:, :d], neg[..., :d]).loss for d, w in zip(dims, weights, strict=True))
     assert ours.loss.item() == pytest.approx(expected.item(), rel=1e-12)
     torch.testing.assert_close(torch.autograd.grad(ours.loss, q)[0], torch.autograd.grad(expected, q)[0])
@@ -44,7 +44,7 @@ def test_the_embeddings_are_gathered_once_at_full_width(monkeypatch: pytest.Monk
     calls = []
     monkeypatch.setattr(losses, "gather_with_grad", lambda x: (calls.append(x.shape[-1]), (x, 0))[1])
     q, pos, neg = _embeddings(1, 6, 32), _embeddings(2, 6, 32), _embeddings(3, 6, 2, 32)
-    loss_cls(matryoshka_dims=[32, 16, 8, 4])(q, pos, neg)
+    default_loss(loss_cls, matryoshka_dims=[32, 16, 8, 4])(q, pos, neg)
     assert calls == [32] * gathers
 
 

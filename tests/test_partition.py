@@ -73,7 +73,7 @@ def test_values_and_gradients_match_the_formulas(loss_name, margin, alpha, num_n
     q, pos, neg = _inputs(num_negatives)
     inputs = [t for t in (q, pos, neg) if t is not None]
     cls, reference = {"infonce": (InfoNCELoss, reference_infonce), "gte": (GTELoss, reference_gte_terms)}[loss_name]
-    ours = cls(temperature=TAU, false_negative_margin=margin, hardness_alpha=alpha)(q, pos, neg).loss
+    ours = default_loss(cls, temperature=TAU, false_negative_margin=margin, hardness_alpha=alpha)(q, pos, neg).loss
     unit = [None if t is None else F.normalize(t, dim=-1) for t in (q, pos, neg)]
     theirs = reference(*unit, TAU, margin, alpha)
     assert ours.item() == pytest.approx(theirs.item(), rel=1e-9)
@@ -112,15 +112,15 @@ def test_a_worked_example_by_hand():
 @pytest.mark.parametrize("loss_cls", [InfoNCELoss, GTELoss])
 def test_off_is_the_plain_loss_bit_for_bit(loss_cls):
     q, pos, neg = _inputs(2)
-    plain = loss_cls(temperature=TAU)(q, pos, neg)
-    off = loss_cls(temperature=TAU, false_negative_margin=None, hardness_alpha=0.0)(q, pos, neg)
+    plain = default_loss(loss_cls, temperature=TAU)(q, pos, neg)
+    off = default_loss(loss_cls, temperature=TAU, false_negative_margin=None, hardness_alpha=0.0)(q, pos, neg)
     assert torch.equal(plain.loss, off.loss) and off.masked_share is None
     # a margin no cosine can clear masks nothing and changes nothing
-    wide = loss_cls(temperature=TAU, false_negative_margin=2.5)(q, pos, neg)
+    wide = default_loss(loss_cls, temperature=TAU, false_negative_margin=2.5)(q, pos, neg)
     assert torch.equal(plain.loss, wide.loss) and wide.masked_share.item() == 0.0
-    grads = [torch.autograd.grad(out.loss, [q, pos, neg]) for out in (loss_cls(temperature=TAU)(q, pos, neg),
-                                                                      loss_cls(temperature=TAU, hardness_alpha=0.0)(
-                                                                          q, pos, neg))]
+    outputs = (default_loss(loss_cls, temperature=TAU)(q, pos, neg),
+               default_loss(loss_cls, temperature=TAU, hardness_alpha=0.0)(q, pos, neg))
+    grads = [torch.autograd.grad(out.loss, [q, pos, neg]) for out in outputs]
     for a, b in zip(*grads, strict=True):
         assert torch.equal(a, b)
 
@@ -128,12 +128,12 @@ def test_off_is_the_plain_loss_bit_for_bit(loss_cls):
 @pytest.mark.parametrize("loss_cls", [InfoNCELoss, GTELoss])
 def test_each_option_changes_the_loss_the_way_it_should(loss_cls):
     q, pos, neg = _inputs(2)
-    plain = loss_cls(temperature=TAU)(q, pos, neg).loss.item()
-    masked = loss_cls(temperature=TAU, false_negative_margin=0.1)(q, pos, neg)
+    plain = default_loss(loss_cls, temperature=TAU)(q, pos, neg).loss.item()
+    masked = default_loss(loss_cls, temperature=TAU, false_negative_margin=0.1)(q, pos, neg)
     # fewer terms in the denominator: smaller, and the duplicate positive of row 0 is among the masked
     assert masked.loss.item() < plain - 1e-6 and masked.masked_share.item() > 0
     # the weights put more mass on the larger terms of the denominator: larger
-    assert loss_cls(temperature=TAU, hardness_alpha=5.0)(q, pos, neg).loss.item() > plain + 1e-6
+    assert default_loss(loss_cls, temperature=TAU, hardness_alpha=5.0)(q, pos, neg).loss.item() > plain + 1e-6
 
 
 def test_a_row_whose_negatives_are_all_masked_gives_finite_gradients():
@@ -182,7 +182,7 @@ OPTIONS = {f"{name}-m{margin}-a{alpha}": (name, margin, alpha) for name in ("inf
 def _loss_and_grads(rows: slice, name: str, margin: float | None, alpha: float):
     q, pos, neg = (t[rows].clone().requires_grad_(True) for t in _inputs(NEGATIVES, BATCH, DIM))
     cls = {"infonce": InfoNCELoss, "gte": GTELoss}[name]
-    loss = cls(temperature=TAU, false_negative_margin=margin, hardness_alpha=alpha)(q, pos, neg).loss
+    loss = default_loss(cls, temperature=TAU, false_negative_margin=margin, hardness_alpha=alpha)(q, pos, neg).loss
     return loss, list(torch.autograd.grad(loss, [q, pos, neg]))
 
 
@@ -201,7 +201,7 @@ def test_gradcache_gives_the_full_batchs_loss_and_gradients(loss_cls):
     torch.manual_seed(0)
     encoder = _BagOfTokens()
     queries, docs = _tokens(BATCH, seed=1), _tokens(BATCH * (1 + NEGATIVES), seed=2)
-    loss_fn = loss_cls(temperature=TAU, false_negative_margin=0.0, hardness_alpha=5.0)
+    loss_fn = default_loss(loss_cls, temperature=TAU, false_negative_margin=0.0, hardness_alpha=5.0)
     full = loss_fn(encoder(**queries), *split_documents(encoder(**docs), BATCH, NEGATIVES))
     full.loss.backward()
     full_grad = encoder.embed.weight.grad.clone()

@@ -24,9 +24,13 @@ def default_mining_options(*window: int, seed: int = 0, **overrides: Any) -> Min
     return MiningOptions(**{**values, "seed": seed, **overrides})
 
 
-def default_loss(option: str, **keys: Any) -> Any:
-    """``loss=<option>`` built with its schema's defaults, then ``keys`` (what ``instantiate(cfg.loss)`` builds in a
-    run), e.g. ``default_loss("infonce", temperature=0.1, gather_across_devices=False)``."""
+def default_loss(option: str | type, **keys: Any) -> Any:
+    """``loss=<option>`` (or the loss class a ``conf/loss`` option targets) built with its schema's defaults, then
+    ``keys`` (what ``instantiate(cfg.loss)`` builds in a run), e.g.
+    ``default_loss("infonce", temperature=0.1, gather_across_devices=False)``."""
+    if isinstance(option, type):
+        option = next(name for name, schema in SCHEMAS["loss"].items()
+                      if schema._target_ == f"{option.__module__.rpartition('.')[0]}.{option.__name__}")
     schema = SCHEMAS["loss"][option]
     values = {item.name: item.default if item.default is not MISSING else item.default_factory()
               for item in fields(schema) if item.name != "_target_"}
