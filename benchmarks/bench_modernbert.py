@@ -26,6 +26,7 @@ import torch
 from harness import Column, Result
 
 from gte_pro import packaged_minilm_path
+from gte_pro.config.defaults import default_loss
 from gte_pro.data.collate import PairCollator
 from gte_pro.models.encoder import Encoder
 from gte_pro.training.losses import InfoNCELoss
@@ -66,7 +67,7 @@ def train_step(encoder: Encoder, loss_fn: InfoNCELoss, batch: dict[str, Any], bf
 def measure(args: argparse.Namespace) -> tuple[dict[str, list[Result]], dict[str, float]]:
     names = args.variants.split(",")
     encoders = {attention: modernbert(attention, args) for attention in {name.split("/")[0] for name in names}}
-    loss_fn = InfoNCELoss(temperature=0.05)
+    loss_fn = default_loss("infonce", temperature=0.05)
     data = batches(args, PairCollator(encoders[names[0].split("/")[0]].tokenizer, args.max_length))
     real = sum(int(b[s]["attention_mask"].sum()) for b in data for s in ("query", "doc"))
     padded = sum(b[s]["attention_mask"].numel() for b in data for s in ("query", "doc"))
