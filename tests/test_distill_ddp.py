@@ -21,10 +21,9 @@ TEACHER = torch.tensor([[3.0 - 0.1 * i, 1.0 + 0.2 * i, -0.5 * i] for i in range(
 
 
 def _loss(name: str, mini_batch_size: int | None):
-    from gte_pro.training.losses import DistillKLLoss, MarginMSELoss
+    from gte_pro.config.defaults import default_loss
 
-    return {"distill_kl": DistillKLLoss, "margin_mse": MarginMSELoss}[name](
-        temperature=0.05, weight_infonce=0.5, mini_batch_size=mini_batch_size)
+    return default_loss(name, temperature=0.05, weight_infonce=0.5, mini_batch_size=mini_batch_size)
 
 
 def _step(encoder, loss_fn, rows: slice) -> torch.Tensor:

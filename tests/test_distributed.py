@@ -27,9 +27,9 @@ def _step(encoder, loss_fn, rows: slice, with_negatives: bool):
 
 
 def _loss(name: str, gather: bool):
-    from gte_pro.training.losses import GTELoss, InfoNCELoss
+    from gte_pro.config.defaults import default_loss
 
-    return {"infonce": InfoNCELoss, "gte": GTELoss}[name](temperature=0.05, gather_across_devices=gather)
+    return default_loss(name, temperature=0.05, gather_across_devices=gather)
 
 
 def _ddp_step(name: str, with_negatives: bool, encoder, rows: slice) -> torch.Tensor:
