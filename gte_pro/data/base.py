@@ -58,7 +58,40 @@ class TrainingPosition:
         return int(loader.sampler.epoch) if loader is not None else int((self._resume_position or {}).get("epoch", 0))
 
 
-class ContrastiveDataModule(TrainingPosition, LightningDataModule):
+class PartsView:
+    """What the rest of a run reads of a data module (one source's or a mix's), answered by its parts: ``batching``,
+    ``validation`` and ``form`` (the ``Tokenization`` of its texts)."""
+
+    batching: Batching
+    validation: Validation
+    form: Tokenization
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase | None:
+        return self.form.tokenizer
+
+    @property
+    def batch_size(self) -> int:
+        return self.batching.batch_size
+
+    @property
+    def eval_batch_size(self) -> int:
+        return self.validation.eval_batch_size
+
+    @property
+    def seed(self) -> int:
+        return self.batching.seed
+
+    @property
+    def negative_pool(self) -> NegativePool | None:
+        return self.batching.negative_pool
+
+    @property
+    def candidate_source(self) -> CandidateSource | None:
+        return self.validation.candidate_source
+
+
+class ContrastiveDataModule(PartsView, TrainingPosition, LightningDataModule):
     """One row source's rows, tokenized into its token cache, batched for contrastive training and validated on
     its held-out split (then on the named sets of ``validation``).
 
@@ -93,20 +126,12 @@ class ContrastiveDataModule(TrainingPosition, LightningDataModule):
         return self.tokens.form
 
     @property
-    def tokenizer(self) -> PreTrainedTokenizerBase | None:
-        return self.tokens.form.tokenizer
-
-    @property
     def max_length(self) -> int:
         return self.tokens.form.max_length
 
     @property
     def query_prefix(self) -> str:
         return self.tokens.form.query_prefix
-
-    @property
-    def batch_size(self) -> int:
-        return self.batching.batch_size
 
     @property
     def val_fraction(self) -> float:
@@ -116,22 +141,6 @@ class ContrastiveDataModule(TrainingPosition, LightningDataModule):
     @property
     def val_file(self) -> str | None:
         return self.source.val_file
-
-    @property
-    def eval_batch_size(self) -> int:
-        return self.validation.eval_batch_size
-
-    @property
-    def seed(self) -> int:
-        return self.batching.seed
-
-    @property
-    def negative_pool(self) -> NegativePool | None:
-        return self.batching.negative_pool
-
-    @property
-    def candidate_source(self) -> CandidateSource | None:
-        return self.validation.candidate_source
 
     @property
     def train_rows(self) -> Sequence[Example]:

@@ -23,7 +23,7 @@ from lightning.pytorch import LightningDataModule
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
-from gte_pro.data.base import ContrastiveDataModule, TrainingPosition
+from gte_pro.data.base import ContrastiveDataModule, PartsView, TrainingPosition
 from gte_pro.data.batching import Batching
 from gte_pro.data.datasets import TokenizedPairs
 from gte_pro.data.mix_sampling import MixedPairs, MixSampler, offsets_of, source_probabilities
@@ -135,7 +135,7 @@ class Mixing:
     module_name: ClassVar[str] = "MixDataModule"  # as model cards name a mix's source (gte_pro.data.sources)
 
 
-class MixDataModule(TrainingPosition, LightningDataModule):
+class MixDataModule(PartsView, TrainingPosition, LightningDataModule):
     """Several sources (name -> data module), each batch from one of them (``same_source_batches``) or mixed row
     by row, batched by ``batching``; validation: each source's held-out split, then ``validation``'s named sets.
 
@@ -166,26 +166,6 @@ class MixDataModule(TrainingPosition, LightningDataModule):
         self.reports: list[dict[str, Any]] = []
         self.decontamination: dict[str, Any] | None = None
         self.distill_loss = next(iter(self.sources.values())).distill_loss
-
-    @property
-    def batch_size(self) -> int:
-        return self.batching.batch_size
-
-    @property
-    def seed(self) -> int:
-        return self.batching.seed
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.form.tokenizer
-
-    @property
-    def negative_pool(self) -> Any:
-        return self.batching.negative_pool
-
-    @property
-    def candidate_source(self) -> Any:
-        return self.validation.candidate_source
 
     @property
     def num_negatives(self) -> int | None:
