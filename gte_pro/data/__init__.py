@@ -13,7 +13,3 @@
 
 ``gte_pro.modes.build_data`` builds a data module from a run's ``data.*`` settings.
 """
-
-from gte_pro.launch.resume import RENAMED_TARGETS as OLD_TARGETS  # data._target_ of older configs
-
-__all__ = ["OLD_TARGETS"]

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gte_pro.errors import MissingFileError, ResumeError
 from gte_pro.launch.checkpoint_io import LAST, PREVIOUS, is_intact
+from gte_pro.launch.renamed import RENAMED_TARGETS
 from gte_pro.utils.files import remove_stale_temporaries, write_json_atomic
 from gte_pro.utils.secrets import redact_secrets
 
@@ -160,15 +161,6 @@ def training_config(cfg: DictConfig) -> dict[str, Any]:
         skipped = (*skipped, *DECONTAMINATION)
     return {key: value for key, value in flat.items()
             if key in kept or not any(key == skip or key.startswith(skip + ".") for skip in skipped)}
-
-
-# data._target_ before the data module was made of parts (it named a data module class per source): an old config
-# file or run record names the same source (gte_pro.data, gte_pro.config.schema.schema_for read it too)
-RENAMED_TARGETS = {"gte_pro.data.demo.DemoDataModule": "gte_pro.data.demo.DemoRows",
-                   "gte_pro.data.jsonl.JsonlDataModule": "gte_pro.data.jsonl.JsonlRows",
-                   "gte_pro.data.hf.HFDataModule": "gte_pro.data.hf.HfRows",
-                   "gte_pro.data.beir.BeirDataModule": "gte_pro.data.beir_rows.BeirRows",
-                   "gte_pro.data.mix.MixDataModule": "gte_pro.data.mix.Mixing"}
 
 
 def _changed(then: Any, now: Any, recorded: bool) -> bool:

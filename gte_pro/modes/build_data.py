@@ -20,7 +20,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from gte_pro.config.schema import SCHEMAS
 from gte_pro.config.schema.run import RunSchema
-from gte_pro.data import OLD_TARGETS
 from gte_pro.data.base import ContrastiveDataModule
 from gte_pro.data.batching import Batching, LoaderOptions
 from gte_pro.data.collaborators import CandidateSource, EvalSetSource, NegativePool, PairJoiner
@@ -28,6 +27,7 @@ from gte_pro.data.mix import MIX_ONLY, MixDataModule, check_source_name, named_e
 from gte_pro.data.token_cache import Decontamination, TokenCache, Tokenization
 from gte_pro.data.validation import Validation
 from gte_pro.errors import DataError
+from gte_pro.launch.renamed import RENAMED_TARGETS
 
 MIX = "mix"
 # the kinds a mix's source may be, in the order errors list them (every data option but the mix)
@@ -52,8 +52,8 @@ def _defaults(option: str) -> dict[str, Any]:
 
 
 def _option_of(target: str) -> str:
-    """The data option (``demo``, ``jsonl``, ...) whose schema names ``target`` (or named it: ``OLD_TARGETS``)."""
-    target = OLD_TARGETS.get(target, target)
+    """The data option (``demo``, ``jsonl``, ...) whose schema names ``target`` (or named it: ``RENAMED_TARGETS``)."""
+    target = RENAMED_TARGETS.get(target, target)
     for option, schema in SCHEMAS["data"].items():
         if schema.__dataclass_fields__["_target_"].default == target:
             return option

@@ -39,7 +39,7 @@ from gte_pro.config.schema.mining import MineSchema
 from gte_pro.config.schema.model import CrossEncoderSchema, EncoderSchema
 from gte_pro.config.schema.run import RunSchema, TrainerSchema
 from gte_pro.config.schema.score import ScoreSchema
-from gte_pro.data import OLD_TARGETS as OLD_DATA_TARGETS
+from gte_pro.launch.renamed import RENAMED_TARGETS as OLD_DATA_TARGETS
 from gte_pro.models import OLD_TARGETS
 
 SCHEMAS: dict[str, dict[str, type]] = {
