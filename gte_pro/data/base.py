@@ -149,7 +149,10 @@ class ContrastiveDataModule(PartsView, TrainingPosition, LightningDataModule):
 
     # --- the token cache --------------------------------------------------------------------------------------------
     def prepare_data(self) -> None:
-        self._open()  # Lightning calls this on local rank 0 only, before the other ranks' setup
+        # Lightning calls this on local rank 0 only, before the other ranks' setup; the cache it opens (or the
+        # pre-flight opened before it: open_token_cache) is the one setup reads, not opened a second time
+        if self.token_cache is None:
+            self.token_cache = self._open()
 
     def _open(self) -> TokenizedCache:
         cache, self.decontamination = self.tokens.open(self.source)
